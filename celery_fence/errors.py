@@ -1,0 +1,92 @@
+"""The one exception tree of celery-fence.
+
+Every error the library raises derives from :class:`FenceError`; driver errors (SQLAlchemy, psycopg,
+redis-py, HTTP) are translated at one boundary per store and chained with ``raise ... from exc``::
+
+    FenceError
+    ├── ConfigurationError (ValueError)   wrong setting, unknown URL scheme, missing extra
+    ├── InvalidArgument (ValueError)      a bad key, ttl or lease passed to a store
+    ├── NotSerializable (TypeError)       a result or step value the codec cannot carry
+    ├── StoreUnavailable                  transient: the store did not answer (retry until the deadline)
+    ├── TokenRewound                      the store's token counter is behind a token it issued (failover)
+    ├── LeaseHeld                         a live lease on the key is held by another run
+    ├── AlreadyDone                       the key finished; ``.result`` holds its stored result
+    ├── LeaseLost                         this run's lease was lost (renew refused or local deadline passed)
+    └── StaleToken                        a write carried a token that is no longer current: refused
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AlreadyDone",
+    "ConfigurationError",
+    "FenceError",
+    "InvalidArgument",
+    "LeaseHeld",
+    "LeaseLost",
+    "NotSerializable",
+    "StaleToken",
+    "StoreUnavailable",
+    "TokenRewound",
+]
+
+
+class FenceError(Exception):
+    """Root of every error raised by celery-fence."""
+
+
+class ConfigurationError(FenceError, ValueError):
+    """A setting or URL cannot work; the message names the fix."""
+
+
+class InvalidArgument(FenceError, ValueError):
+    """An argument to a store operation is malformed; nothing was written."""
+
+
+class NotSerializable(FenceError, TypeError):
+    """A result or step value cannot be encoded by the store's codec; nothing was written."""
+
+
+class StoreUnavailable(FenceError):
+    """The store did not answer. Transient: a renewer may retry until its local deadline."""
+
+
+class TokenRewound(FenceError):
+    """The store would issue a token not above one it issued before (a failover or restore
+    moved its counter back). Run ``celery fence advance`` before issuing more tokens."""
+
+
+class LeaseHeld(FenceError):
+    """A live lease on ``key`` is held by another run."""
+
+    def __init__(self, key: str, owner: str | None = None, expires_in: float | None = None) -> None:
+        self.key, self.owner, self.expires_in = key, owner, expires_in
+        left = "" if expires_in is None else f", expires in {expires_in:.1f}s"
+        super().__init__(f"lease {key!r} is held by {owner}{left}")
+
+
+class AlreadyDone(FenceError):
+    """``key`` was completed by an earlier run; ``.result`` is the result it stored."""
+
+    def __init__(self, key: str, token: int, result: Any) -> None:
+        self.key, self.token, self.result = key, token, result
+        super().__init__(f"key {key!r} was completed with token {token}")
+
+
+class LeaseLost(FenceError):
+    """This run no longer holds its lease; its writes will be refused."""
+
+    def __init__(self, key: str, token: int, reason: str = "lease lost") -> None:
+        self.key, self.token, self.reason = key, token, reason
+        super().__init__(f"{reason}: key {key!r}, token {token}")
+
+
+class StaleToken(FenceError):
+    """A write with ``token`` was refused: the key's current token is ``current`` (or unknown)."""
+
+    def __init__(self, key: str, token: int, current: int | None = None, what: str = "write") -> None:
+        self.key, self.token, self.current, self.what = key, token, current, what
+        now = "unknown" if current is None else str(current)
+        super().__init__(f"{what} refused for key {key!r}: token {token} is stale (current: {now})")

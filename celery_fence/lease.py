@@ -1,0 +1,136 @@
+"""Pure lease model: values, validation and local-deadline arithmetic. Standard library only.
+
+Two clocks, never mixed: the *store's* clock alone decides whether a lease has expired; a worker only compares
+its own ``time.monotonic()`` readings, to stop early ("self-fencing") before the store could expire it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigurationError, InvalidArgument
+
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "HistoryEvent",
+    "Lease",
+    "LeasePolicy",
+    "LeaseState",
+    "new_owner",
+    "validate_key",
+    "validate_ttl",
+]
+
+MAX_KEY_LENGTH = 1024
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease as issued by a store. Identity is ``(key, token)``; ``owner`` is for people."""
+
+    key: str
+    token: int
+    owner: str
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """What a store knows about a key. ``expires_in`` is ``None`` when no lease is held."""
+
+    key: str
+    token: int
+    owner: str | None
+    expires_in: float | None
+    done: bool
+    result: Any = None
+    dead: str | None = None
+
+
+@dataclass(frozen=True)
+class HistoryEvent:
+    """One line of a key's audit trail, stamped with the store's clock (seconds since the epoch)."""
+
+    at: float
+    event: str
+    token: int
+    owner: str | None
+    detail: str | None = None
+    key: str = field(default="", compare=False)
+
+
+def validate_key(key: object) -> str:
+    if not isinstance(key, str):
+        raise InvalidArgument(f"a lease key must be a str, not {type(key).__name__}")
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise InvalidArgument(f"a lease key must have 1 to {MAX_KEY_LENGTH} characters, got {len(key)}")
+    return key
+
+
+def validate_ttl(ttl: object) -> float:
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise InvalidArgument(f"ttl must be a number of seconds, not {type(ttl).__name__}")
+    if not math.isfinite(ttl) or ttl <= 0:
+        raise InvalidArgument(f"ttl must be a positive number of seconds, got {ttl!r}")
+    return float(ttl)
+
+
+def new_owner() -> str:
+    """``hostname:pid:uuid4``: unique per acquisition, since threads and greenlets share a pid."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4()}"
+
+
+@dataclass(frozen=True)
+class LeasePolicy:
+    """How long a lease lives and when its holder renews or gives up.
+
+    ``renew_interval`` defaults to ``ttl / 3`` and must be below ``ttl / 2`` so that one renew can fail and the
+    next still lands before expiry. The local deadline keeps a ``margin`` (a tenth of the ttl) between the
+    moment a worker stops trusting its lease and the earliest moment the store could expire it.
+    """
+
+    ttl: float
+    renew_interval: float | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            ttl = validate_ttl(self.ttl)
+        except InvalidArgument as exc:
+            raise ConfigurationError(f"fence_lease_ttl: {exc}") from exc
+        interval = ttl / 3 if self.renew_interval is None else self.renew_interval
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
+            raise ConfigurationError(f"fence_renew_interval must be a positive number, got {interval!r}")
+        if interval >= ttl / 2:
+            raise ConfigurationError(
+                f"fence_renew_interval ({interval}s) must be below half of fence_lease_ttl ({ttl}s): "
+                f"set fence_renew_interval below {ttl / 2}s or raise fence_lease_ttl"
+            )
+        object.__setattr__(self, "ttl", ttl)
+        object.__setattr__(self, "renew_interval", float(interval))
+
+    @property
+    def interval(self) -> float:
+        assert self.renew_interval is not None  # set in __post_init__
+        return self.renew_interval
+
+    @property
+    def margin(self) -> float:
+        return self.ttl / 10
+
+    def deadline(self, sent_at: float) -> float:
+        """Local monotonic deadline for a lease whose acquire or renew was *sent* at ``sent_at``.
+
+        The store stamps expiry on receipt, which is after ``sent_at``, so the store cannot expire the
+        lease before ``sent_at + ttl``; stopping at ``deadline`` leaves ``margin`` to spare.
+        """
+        return sent_at + self.ttl - self.margin
+
+    def busy_countdown(self, expires_in: float | None) -> float:
+        """Seconds to wait before retrying a key whose lease is held elsewhere."""
+        if expires_in is None or expires_in <= 0:
+            return self.interval
+        return expires_in

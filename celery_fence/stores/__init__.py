@@ -1,0 +1,87 @@
+"""Stores, chosen by URL scheme and imported lazily.
+
+Third-party stores register a class under the entry point group ``celery_fence.stores``; a class is
+constructed as ``cls(url)`` and must satisfy :class:`~celery_fence.stores.base.Store`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+from ..errors import ConfigurationError
+from .base import FencedConnectionStore, Store
+
+__all__ = ["DEFAULT_STORE_URL", "FencedConnectionStore", "Store", "open_store"]
+
+DEFAULT_STORE_URL = "sqlite:///celery_fence.db"
+
+
+@dataclass(frozen=True)
+class _Builtin:
+    target: str  # "module:Class"
+    extra: str | None = None  # the celery-fence extra that brings the driver
+    driver: str | None = None  # the module that extra installs
+
+
+_BUILTIN = {
+    "memory": _Builtin("celery_fence.stores.memory:MemoryStore"),
+    "sqlite": _Builtin("celery_fence.stores.sql:SQLStore"),
+    "postgresql": _Builtin("celery_fence.stores.sql:SQLStore", "postgres", "psycopg"),
+    "postgres": _Builtin("celery_fence.stores.sql:SQLStore", "postgres", "psycopg"),
+    "redis": _Builtin("celery_fence.stores.redis:RedisStore", "redis", "redis"),
+    "rediss": _Builtin("celery_fence.stores.redis:RedisStore", "redis", "redis"),
+    "etcd": _Builtin("celery_fence.stores.etcd:EtcdStore", "etcd", "requests"),
+}
+
+_DRIVER_SUFFIX_MODULES = {"psycopg": "psycopg", "psycopg2": "psycopg2", "pg8000": "pg8000", "asyncpg": None}
+
+
+def scheme_of(url: object) -> tuple[str, str | None]:
+    """``postgresql+psycopg://...`` -> ``("postgresql", "psycopg")``."""
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigurationError(
+            f"fence_store_url must be a URL such as {DEFAULT_STORE_URL!r} or "
+            f"'postgresql+psycopg://host/db', got {url!r}"
+        )
+    scheme = url.split("://", 1)[0].lower()
+    base, _, driver = scheme.partition("+")
+    return base, driver or None
+
+
+def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> Store:
+    """Open the store named by ``url``. Refuses an unknown scheme or a missing extra at once."""
+    base, driver = scheme_of(url)
+    builtin = _BUILTIN.get(base)
+    if builtin is None:
+        return _from_entry_point(base, url, options)
+    _require_driver(base, driver, builtin)
+    module_name, _, cls_name = builtin.target.partition(":")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    store: Store = cls(url, **options)
+    return store
+
+
+def _require_driver(base: str, driver: str | None, builtin: _Builtin) -> None:
+    if driver == "asyncpg":
+        raise ConfigurationError("asyncpg is async-only; use 'postgresql+psycopg://' (Celery tasks are sync)")
+    module = _DRIVER_SUFFIX_MODULES.get(driver or "", builtin.driver) if base != "sqlite" else None
+    if module and importlib.util.find_spec(module) is None:
+        extra = builtin.extra if module == builtin.driver else None
+        fix = f"pip install 'celery-fence[{extra}]'" if extra else f"pip install {module}"
+        raise ConfigurationError(f"the {base!r} store needs the {module!r} package: {fix}")
+
+
+def _from_entry_point(base: str, url: str, options: dict[str, Any]) -> Store:
+    for ep in entry_points(group="celery_fence.stores"):
+        if ep.name == base:
+            store: Store = ep.load()(url, **options)
+            return store
+    known = ", ".join(sorted(_BUILTIN))
+    raise ConfigurationError(
+        f"unknown fence store scheme {base!r} in {url!r}; use one of: {known}, "
+        "or register a store under the 'celery_fence.stores' entry point group"
+    )

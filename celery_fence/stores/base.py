@@ -1,0 +1,114 @@
+"""The one store protocol. :mod:`celery_fence.stores.memory` is its executable specification.
+
+Every method is one atomic operation at the store. A write is accepted if and only if its token is the key's
+current token, checked in the same operation as the write. A lease that expired but that nobody took over is
+still current (no newer holder exists), so renewing or completing it succeeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
+
+from ..lease import HistoryEvent, Lease, LeaseState
+
+__all__ = ["EVENTS", "FencedConnectionStore", "Store"]
+
+# The vocabulary of ``HistoryEvent.event``; ``fence verify`` reads these.
+EVENTS = (
+    "acquire",  # a free key (new, released or after an admin release) was leased
+    "takeover",  # an expired, unreleased lease of another run was leased: the old holder is fenced out
+    "renew-failed",  # a renew was refused: the token is no longer current or the key is finished
+    "write",  # a fenced transaction committed with the current token
+    "step",  # a checkpointed step committed (detail: the step name)
+    "complete",  # the result was stored with the current token and the lease released
+    "release",  # the holder gave the lease back (exception or retry)
+    "refused",  # a write with a stale token was rejected (detail: what was refused)
+    "admin-release",  # an operator bumped the token: every holder is fenced out
+    "recovered",  # an abandoned run was re-sent (detail: attempt number)
+    "dead",  # recovery gave up on the key (detail: the reason)
+)
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A lease store. Implementations hold their own clients and are created per process, after fork."""
+
+    url: str
+
+    def migrate(self) -> None:
+        """Create or upgrade the store's ``fence_*`` schema. Idempotent."""
+
+    def acquire(
+        self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None
+    ) -> Lease:
+        """Take the lease on ``key`` if it is free or expired, with a token above every token issued before.
+
+        ``run`` (task name, arguments, options) is kept with the lease for recovery. Raises ``LeaseHeld``
+        while a live lease is held elsewhere, ``AlreadyDone`` for a finished key.
+        """
+
+    def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
+        """Extend every lease whose ``(key, token)`` is current to ``ttl`` from now (store time).
+
+        One round trip for all leases where the store allows it; never changes a token, so a renew whose
+        reply was lost is harmless. Returns the leases that were lost.
+        """
+
+    def complete(self, lease: Lease, result: Any) -> None:
+        """Store ``result``, mark the key done and release the lease, iff the token is current.
+
+        Raises ``StaleToken`` (and records the refusal) otherwise.
+        """
+
+    def release(self, lease: Lease) -> None:
+        """Give the lease back iff the token is current. A stale release changes nothing, quietly."""
+
+    def save_step(self, lease: Lease, name: str, value: Any) -> None:
+        """Commit checkpoint ``(key, name) = value`` iff the token is current; ``StaleToken`` otherwise."""
+
+    def steps(self, key: str) -> dict[str, Any]:
+        """The committed steps of ``key``, by name."""
+
+    def refuse(self, lease: Lease, what: str) -> None:
+        """Record that a write of this lease was refused before it reached the store (``LeaseLost``)."""
+
+    def get(self, key: str) -> LeaseState | None:
+        """The key's state, or ``None`` for a key the store has never seen (or pruned)."""
+
+    def history(self, key: str | None = None) -> list[HistoryEvent]:
+        """The audit trail of ``key`` (of every key if ``None``), oldest first."""
+
+    def leases(self) -> list[LeaseState]:
+        """Every key the store holds, live, expired or done (for ``celery fence leases``)."""
+
+    def force_release(self, key: str) -> int:
+        """Admin: bump the key's token and free it, fencing out any holder. Returns the new token."""
+
+    def prune(self, older_than: float) -> int:
+        """Drop keys finished more than ``older_than`` seconds ago. Tokens never go back."""
+
+    def advance(self, gap: int) -> int:
+        """Move the token counter forward by ``gap`` (after a failover or restore). Returns the new floor."""
+
+    def close(self) -> None:
+        """Release the store's connections. Idempotent."""
+
+
+@runtime_checkable
+class FencedConnectionStore(Store, Protocol):
+    """A store whose lease rows live in a SQL database the user's tables can share."""
+
+    def transaction(self, lease: Lease) -> AbstractContextManager[Any]:
+        """A transaction on the store's database in which the lease row is checked and locked.
+
+        The token must be current when the transaction starts; the row stays locked until commit, so a
+        takeover waits and then sees the outcome. Yields an SQLAlchemy ``Connection``; raises
+        ``StaleToken`` (writing nothing) when the token is not current.
+        """
+
+
+def iter_chunks(items: Sequence[Lease], size: int) -> Iterator[Sequence[Lease]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

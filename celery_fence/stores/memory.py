@@ -1,0 +1,194 @@
+"""The in-memory store: a lock and a dict. The executable specification every other store is tested against.
+
+State lives in the handle (``memory://`` gives each ``open_store`` call its own), so it serves unit tests and
+users' tests of their own tasks, not several processes. Time comes from an injectable clock.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import codec
+from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
+from ..lease import HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
+
+__all__ = ["MemoryStore"]
+
+
+@dataclass
+class _Row:
+    token: int
+    owner: str | None
+    expires_at: float | None  # None: free (released, done or never held)
+    done: bool = False
+    result: str | None = None
+    run: str | None = None
+    finished_at: float | None = None
+    dead: str | None = None
+
+
+class MemoryStore:
+    """Reference implementation of :class:`celery_fence.stores.base.Store`."""
+
+    def __init__(self, url: str = "memory://", clock: Callable[[], float] = time.time) -> None:
+        self.url = url
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._rows: dict[str, _Row] = {}
+        self._steps: dict[str, dict[str, str]] = {}
+        self._history: list[HistoryEvent] = []
+        self._counter = 0
+
+    def migrate(self) -> None:
+        """Nothing to create."""
+
+    def acquire(
+        self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None
+    ) -> Lease:
+        validate_key(key)
+        ttl = validate_ttl(ttl)
+        run_text = None if run is None else codec.dumps(dict(run))
+        with self._lock:
+            now, row = self.clock(), self._rows.get(key)
+            if row is not None and row.done:
+                raise AlreadyDone(key, row.token, codec.loads(row.result))
+            if row is not None and row.expires_at is not None and row.expires_at > now:
+                if row.owner == owner:  # our own acquire, retried after a lost reply
+                    return Lease(key, row.token, owner)
+                raise LeaseHeld(key, row.owner, row.expires_at - now)
+            event = "takeover" if row is not None and row.expires_at is not None else "acquire"
+            self._counter += 1
+            self._rows[key] = _Row(self._counter, owner, now + ttl, run=run_text)
+            self._log(key, event, self._counter, owner, now)
+            return Lease(key, self._counter, owner)
+
+    def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
+        check_leases(leases)
+        ttl = validate_ttl(ttl)
+        lost = []
+        with self._lock:
+            now = self.clock()
+            for lease in leases:
+                row = self._current(lease)
+                if row is None:
+                    lost.append(lease)
+                    self._log(lease.key, "renew-failed", lease.token, lease.owner, now)
+                else:
+                    row.expires_at = now + ttl
+        return lost
+
+    def complete(self, lease: Lease, result: Any) -> None:
+        check_lease(lease)
+        text = codec.dumps(result)
+        with self._lock:
+            row = self._require_current(lease, "complete")
+            now = self.clock()
+            row.done, row.result, row.expires_at, row.finished_at = True, text, None, now
+            self._log(lease.key, "complete", lease.token, lease.owner, now)
+
+    def release(self, lease: Lease) -> None:
+        check_lease(lease)
+        with self._lock:
+            row = self._current(lease)
+            if row is not None:
+                row.expires_at = None
+                self._log(lease.key, "release", lease.token, lease.owner, self.clock())
+
+    def save_step(self, lease: Lease, name: str, value: Any) -> None:
+        check_lease(lease)
+        check_step_name(name)
+        text = codec.dumps(value)
+        with self._lock:
+            self._require_current(lease, f"step {name}")
+            steps = self._steps.setdefault(lease.key, {})
+            if name in steps:
+                raise InvalidArgument(f"step {name!r} of key {lease.key!r} is already committed")
+            steps[name] = text
+            self._log(lease.key, "step", lease.token, lease.owner, self.clock(), name)
+
+    def steps(self, key: str) -> dict[str, Any]:
+        validate_key(key)
+        with self._lock:
+            return {name: codec.loads(text) for name, text in self._steps.get(key, {}).items()}
+
+    def refuse(self, lease: Lease, what: str) -> None:
+        check_lease(lease)
+        with self._lock:
+            self._log(lease.key, "refused", lease.token, lease.owner, self.clock(), what)
+
+    def get(self, key: str) -> LeaseState | None:
+        validate_key(key)
+        with self._lock:
+            row = self._rows.get(key)
+            return None if row is None else self._state(key, row, self.clock())
+
+    def history(self, key: str | None = None) -> list[HistoryEvent]:
+        if key is not None:
+            validate_key(key)
+        with self._lock:
+            return [copy.copy(e) for e in self._history if key is None or e.key == key]
+
+    def leases(self) -> list[LeaseState]:
+        with self._lock:
+            now = self.clock()
+            return [self._state(key, row, now) for key, row in sorted(self._rows.items())]
+
+    def force_release(self, key: str) -> int:
+        validate_key(key)
+        with self._lock:
+            row = self._rows.get(key)
+            if row is None:
+                raise InvalidArgument(f"no lease for key {key!r}")
+            self._counter += 1
+            row.token, row.owner, row.expires_at = self._counter, None, None
+            self._log(key, "admin-release", row.token, None, self.clock())
+            return row.token
+
+    def prune(self, older_than: float) -> int:
+        age = check_age(older_than)
+        with self._lock:
+            cutoff = self.clock() - age
+            gone = [k for k, r in self._rows.items() if r.done and (r.finished_at or 0) <= cutoff]
+            for key in gone:
+                del self._rows[key]
+                self._steps.pop(key, None)
+            return len(gone)
+
+    def advance(self, gap: int) -> int:
+        check_gap(gap)
+        with self._lock:
+            self._counter += gap
+            return self._counter
+
+    def close(self) -> None:
+        """Nothing to close; state stays readable."""
+
+    # -- internals (callers hold the lock) --
+
+    def _current(self, lease: Lease) -> _Row | None:
+        row = self._rows.get(lease.key)
+        live = row is not None and row.token == lease.token and not row.done
+        return row if live and row is not None and row.expires_at is not None else None
+
+    def _require_current(self, lease: Lease, what: str) -> _Row:
+        row = self._current(lease)
+        if row is None:
+            current = self._rows[lease.key].token if lease.key in self._rows else None
+            self._log(lease.key, "refused", lease.token, lease.owner, self.clock(), what)
+            raise StaleToken(lease.key, lease.token, current, what)
+        return row
+
+    def _log(self, key: str, event: str, token: int, owner: str | None, at: float, detail: str | None = None) -> None:
+        self._history.append(HistoryEvent(at, event, token, owner, detail, key=key))
+
+    @staticmethod
+    def _state(key: str, row: _Row, now: float) -> LeaseState:
+        expires_in = None if row.expires_at is None else row.expires_at - now
+        result = codec.loads(row.result)
+        return LeaseState(key, row.token, row.owner, expires_in, row.done, result, row.dead)

@@ -1,0 +1,243 @@
+"""The SQL store: PostgreSQL (psycopg 3) and SQLite, on SQLAlchemy Core.
+
+acquire, renew (of any number of leases), complete and release are one statement each, run in autocommit
+so one statement is one round trip; the audit trail is written by a trigger inside that same statement.
+Multi-statement work (fenced transactions, steps, refusals) runs in one short explicit transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, Row, inspect, text
+
+from .. import codec
+from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
+from ..lease import HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from .sql_engine import SessionLimits, create_store_engine, translate_errors
+from .sql_queries import queries_for
+from .sql_schema import SCHEMA_VERSION, migrate
+from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
+
+__all__ = ["SQLStore"]
+
+log = logging.getLogger(__name__)
+
+
+class SQLStore:
+    """Lease store on PostgreSQL or SQLite; see :class:`celery_fence.stores.base.Store`."""
+
+    def __init__(self, url: str, limits: SessionLimits | None = None) -> None:
+        self.url = url
+        self.engine = create_store_engine(url, limits or SessionLimits())
+        self._auto = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.dialect = self.engine.dialect.name
+        self.q = queries_for(self.dialect)
+        self._schema_ready = False
+
+    # -- schema --
+
+    def migrate(self) -> None:
+        with translate_errors(self.url), self.engine.begin() as conn:
+            migrate(conn)
+        self._schema_ready = True
+
+    def _ready(self) -> None:
+        if self._schema_ready:
+            return
+        with translate_errors(self.url), self.engine.begin() as conn:
+            if not _schema_current(conn):
+                migrate(conn)
+        self._schema_ready = True
+
+    @contextmanager
+    def _one(self) -> Iterator[Connection]:
+        """An autocommit connection: each statement is its own transaction and one round trip."""
+        self._ready()
+        with translate_errors(self.url), self._auto.connect() as conn:
+            yield conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        self._ready()
+        with translate_errors(self.url), self.engine.begin() as conn:
+            yield conn
+
+    # -- the lease operations --
+
+    def acquire(
+        self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None
+    ) -> Lease:
+        validate_key(key)
+        ttl = validate_ttl(ttl)
+        run_text = None if run is None else codec.dumps(dict(run))
+        params = {"key": key, "owner": owner, "ttl": ttl, "run": run_text}
+        with self._one() as conn:
+            token = conn.execute(self.q.acquire, params).scalar()
+            if token is not None:
+                return Lease(key, int(token), owner)
+            state = conn.execute(self.q.state, {"key": key}).first()
+        if state is None:  # the row vanished between the two statements (pruned): try once more
+            return self.acquire(key, owner, ttl, run)
+        if state.done:
+            raise AlreadyDone(key, int(state.token), codec.loads(state.result))
+        if state.owner == owner:  # our own acquire committed but its reply was lost
+            return Lease(key, int(state.token), owner)
+        raise LeaseHeld(key, state.owner, state.expires_in)
+
+    def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
+        leases = check_leases(leases)
+        ttl = validate_ttl(ttl)
+        if not leases:
+            return []
+        with self._one() as conn:
+            kept = {(r.key, int(r.token)) for r in conn.execute(self.q.renew, self._pairs(leases, ttl))}
+            lost = [lease for lease in leases if (lease.key, lease.token) not in kept]
+            if lost:
+                conn.execute(self.q.log, [self._event(lease, "renew-failed") for lease in lost])
+        return lost
+
+    def complete(self, lease: Lease, result: Any) -> None:
+        check_lease(lease)
+        params = self._event(lease, "complete", result=codec.dumps(result))
+        with self._one() as conn:
+            if conn.execute(self.q.complete, params).first() is None:
+                self._refused(conn, lease, "complete")
+
+    def release(self, lease: Lease) -> None:
+        check_lease(lease)
+        with self._one() as conn:
+            conn.execute(self.q.release, {"key": lease.key, "token": lease.token})
+
+    @contextmanager
+    def transaction(self, lease: Lease) -> Iterator[Connection]:
+        """A transaction in which the lease row is checked and locked until commit (see the protocol).
+
+        The caller's own statements run outside the error translation: their errors are theirs.
+        """
+        check_lease(lease)
+        self._ready()
+        with translate_errors(self.url):
+            conn = self.engine.connect()
+            tx = conn.begin()
+            try:
+                current = self._guard(conn, lease, "write", None)
+            except BaseException:
+                conn.close()
+                raise
+        if not current:
+            conn.close()
+            self._refuse_now(lease, "write")
+        try:
+            yield conn
+            with translate_errors(self.url):
+                tx.commit()
+        finally:
+            conn.close()  # rolls back whatever was not committed
+
+    def save_step(self, lease: Lease, name: str, value: Any) -> None:
+        check_lease(lease)
+        check_step_name(name)
+        params = {"key": lease.key, "name": name, "token": lease.token, "value": codec.dumps(value)}
+        with self._tx() as conn:
+            current = self._guard(conn, lease, "step", name)
+            if current:
+                conn.execute(self.q.insert_step, params)
+        if not current:
+            self._refuse_now(lease, f"step {name}")
+
+    def steps(self, key: str) -> dict[str, Any]:
+        validate_key(key)
+        with self._one() as conn:
+            return {r.name: codec.loads(r.value) for r in conn.execute(self.q.steps, {"key": key})}
+
+    def refuse(self, lease: Lease, what: str) -> None:
+        check_lease(lease)
+        with self._one() as conn:
+            conn.execute(self.q.log, self._event(lease, "refused", detail=what))
+
+    # -- reading --
+
+    def get(self, key: str) -> LeaseState | None:
+        validate_key(key)
+        with self._one() as conn:
+            row = conn.execute(self.q.state, {"key": key}).first()
+        return None if row is None else _state(row)
+
+    def history(self, key: str | None = None) -> list[HistoryEvent]:
+        if key is not None:
+            validate_key(key)
+        query, params = (self.q.history_all, {}) if key is None else (self.q.history, {"key": key})
+        with self._one() as conn:
+            rows = conn.execute(query, params).all()
+        return [HistoryEvent(r.at, r.event, int(r.token), r.owner, r.detail, key=r.key) for r in rows]
+
+    def leases(self) -> list[LeaseState]:
+        with self._one() as conn:
+            return [_state(row) for row in conn.execute(self.q.leases)]
+
+    # -- administration --
+
+    def force_release(self, key: str) -> int:
+        validate_key(key)
+        with self._one() as conn:
+            token = conn.execute(self.q.force_release, {"key": key}).scalar()
+        if token is None:
+            raise InvalidArgument(f"no lease for key {key!r}")
+        return int(token)
+
+    def prune(self, older_than: float) -> int:
+        age = check_age(older_than)
+        with self._tx() as conn:
+            conn.execute(self.q.prune_steps, {"age": age})
+            return int(conn.execute(self.q.prune, {"age": age}).rowcount)
+
+    def advance(self, gap: int) -> int:
+        check_gap(gap)
+        with self._one() as conn:
+            return int(conn.execute(self.q.advance, {"gap": gap}).scalar_one())
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- internals --
+
+    def _guard(self, conn: Connection, lease: Lease, event: str, detail: str | None) -> bool:
+        params = {"key": lease.key, "token": lease.token, "event": event, "detail": detail}
+        return conn.execute(self.q.guard, params).first() is not None
+
+    def _refused(self, conn: Connection, lease: Lease, what: str) -> None:
+        conn.execute(self.q.log, self._event(lease, "refused", detail=what))
+        current = conn.execute(self.q.current_token, {"key": lease.key}).scalar()
+        raise StaleToken(lease.key, lease.token, None if current is None else int(current), what)
+
+    def _refuse_now(self, lease: Lease, what: str) -> None:
+        with self._one() as conn:
+            self._refused(conn, lease, what)
+
+    def _pairs(self, leases: Sequence[Lease], ttl: float) -> dict[str, Any]:
+        if self.dialect == "postgresql":
+            return {"keys": [x.key for x in leases], "tokens": [x.token for x in leases], "ttl": ttl}
+        return {"pairs": json.dumps([[x.key, x.token] for x in leases]), "ttl": ttl}
+
+    @staticmethod
+    def _event(lease: Lease, event: str, **extra: Any) -> dict[str, Any]:
+        params = {"key": lease.key, "token": lease.token, "owner": lease.owner, "event": event}
+        return {"detail": None, **params, **extra}
+
+
+def _schema_current(conn: Connection) -> bool:
+    if not inspect(conn).has_table("fence_meta"):
+        return False
+    version = conn.execute(text("SELECT value FROM fence_meta WHERE name = 'schema_version'")).scalar()
+    return version == str(SCHEMA_VERSION)
+
+
+def _state(row: Row[Any]) -> LeaseState:
+    expires_in = None if row.expires_in is None else float(row.expires_in)
+    result = codec.loads(row.result)
+    return LeaseState(row.key, int(row.token), row.owner, expires_in, bool(row.done), result, row.dead)

@@ -1,0 +1,130 @@
+"""Engines for the SQL store, and the one place where driver errors become celery-fence errors.
+
+PostgreSQL sessions carry timeouts so that a paused holder cannot block a takeover for ever
+(``idle_in_transaction_session_timeout``, ``lock_timeout``, ``statement_timeout``) and a dead link fails fast
+(``tcp_user_timeout``, keepalives). SQLite runs in WAL mode with ``busy_timeout`` and opens its transactions
+with ``BEGIN IMMEDIATE`` (a deferred transaction that reads then writes fails with "database is locked").
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, SQLAlchemyError
+
+from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable, TokenRewound
+
+__all__ = ["SessionLimits", "create_store_engine", "translate_errors"]
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Server-side limits of the store's sessions, in seconds."""
+
+    idle_in_transaction: float = 5.0
+    lock: float = 5.0
+    statement: float = 10.0
+    tcp_user: float = 5.0
+    connect: float = 5.0
+
+
+def create_store_engine(url: str, limits: SessionLimits) -> Engine:
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigurationError(f"malformed fence store URL {url!r}: {exc}") from exc
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            return _sqlite_engine(parsed, limits)
+        if parsed.drivername == "postgresql" or parsed.drivername == "postgres":
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        return _postgres_engine(parsed, limits)
+    except (NoSuchModuleError, ImportError) as exc:
+        raise ConfigurationError(
+            f"cannot load the driver for {url!r} ({exc}): pip install 'celery-fence[postgres]'"
+        ) from exc
+
+
+def _postgres_engine(url: Any, limits: SessionLimits) -> Engine:
+    ms = {k: int(v * 1000) for k, v in vars(limits).items()}
+    options = (
+        f"-c idle_in_transaction_session_timeout={ms['idle_in_transaction']}"
+        f" -c lock_timeout={ms['lock']} -c statement_timeout={ms['statement']}"
+    )
+    connect_args = {
+        "options": options,
+        "application_name": "celery-fence",
+        "connect_timeout": max(1, int(limits.connect)),
+        "tcp_user_timeout": ms["tcp_user"],
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 2,
+    }
+    return create_engine(url, connect_args=connect_args, pool_size=2, max_overflow=8)
+
+
+def _sqlite_engine(url: Any, limits: SessionLimits) -> Engine:
+    if url.database in (None, "", ":memory:") or "mode=memory" in str(url):
+        raise ConfigurationError(
+            "an in-memory SQLite database is private to one connection; use 'memory://' for an "
+            "in-process store or 'sqlite:///path/to/fence.db' for a file"
+        )
+    engine = create_engine(url, connect_args={"timeout": limits.lock, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (SQLAlchemy's documented pattern)
+        dbapi_conn.execute("PRAGMA journal_mode=WAL")
+        dbapi_conn.execute(f"PRAGMA busy_timeout={int(limits.lock * 1000)}")
+        dbapi_conn.execute("PRAGMA synchronous=FULL")  # a lost commit could rewind the token counter
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+_PG_UNAVAILABLE = {"55P03", "57014", "57P01", "57P02", "57P03", "53300", "08000", "08003", "08006", "25P03"}
+
+
+@contextmanager
+def translate_errors(url: str) -> Iterator[None]:
+    """Translate SQLAlchemy and driver exceptions; nothing else may leak to callers."""
+    try:
+        yield
+    except FenceError:
+        raise
+    except DBAPIError as exc:
+        raise _translate_dbapi(url, exc) from exc
+    except SQLAlchemyError as exc:
+        raise StoreUnavailable(f"fence store {_safe(url)} failed: {exc}") from exc
+
+
+def _translate_dbapi(url: str, exc: DBAPIError) -> FenceError:
+    message = str(exc.orig)
+    code = getattr(exc.orig, "sqlstate", None)
+    if code == "FE001" or "fence token counter rewound" in message:
+        return TokenRewound(f"{message.splitlines()[0]}: run 'celery fence advance' on {_safe(url)}")
+    if isinstance(exc, IntegrityError):
+        return InvalidArgument(f"the store refused a duplicate: {message.splitlines()[0]}")
+    if code in ("22001", "22021", "22P02") or isinstance(exc.orig, (sqlite3.DataError, OverflowError)):
+        return InvalidArgument(f"the store refused a value: {message.splitlines()[0]}")
+    if exc.connection_invalidated or code in _PG_UNAVAILABLE or isinstance(exc.orig, sqlite3.OperationalError):
+        return StoreUnavailable(f"fence store {_safe(url)} unavailable: {message.splitlines()[0]}")
+    return StoreUnavailable(f"fence store {_safe(url)} failed: {message.splitlines()[0]}")
+
+
+def _safe(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<malformed url>"

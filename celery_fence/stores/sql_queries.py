@@ -1,0 +1,118 @@
+"""Every statement of the SQL store, named by operation, for PostgreSQL and SQLite.
+
+The two dialects share one text; they differ only in the store clock, the token source and how a list of
+``(key, token)`` pairs is passed in one parameter. Expiry is always judged by the database's clock:
+``clock_timestamp()`` on PostgreSQL (``now()`` is the transaction's start and would accept a lease that
+expired meanwhile), ``julianday('now')`` on SQLite (one machine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import TextClause, text
+
+__all__ = ["Queries", "queries_for"]
+
+_HELD = "NOT fence_leases.done AND fence_leases.expires_at IS NOT NULL"
+_CURRENT = f"fence_leases.key = :key AND fence_leases.token = :token AND {_HELD}"
+
+
+@dataclass(frozen=True)
+class _Dialect:
+    now: str
+    next_token: str
+    pairs: str  # a row source of (key, token) from one parameter :pairs
+    advance: str
+
+
+_POSTGRES = _Dialect(
+    now="extract(epoch from clock_timestamp())",
+    next_token="nextval('fence_token_seq')",
+    pairs="SELECT k, t FROM unnest(CAST(:keys AS text[]), CAST(:tokens AS bigint[])) AS p(k, t)",
+    advance="SELECT setval('fence_token_seq', "
+    "(SELECT last_value FROM fence_token_seq) + CAST(:gap AS bigint))",
+)
+_SQLITE = _Dialect(
+    now="((julianday('now') - 2440587.5) * 86400.0)",
+    next_token="((SELECT value FROM fence_counter WHERE id = 1) + 1)",
+    pairs="SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:pairs)",
+    advance="UPDATE fence_counter SET value = value + :gap WHERE id = 1 RETURNING value",
+)
+
+
+@dataclass(frozen=True)
+class Queries:
+    acquire: TextClause
+    state: TextClause
+    renew: TextClause
+    complete: TextClause
+    release: TextClause
+    guard: TextClause
+    insert_step: TextClause
+    steps: TextClause
+    log: TextClause
+    current_token: TextClause
+    history: TextClause
+    history_all: TextClause
+    leases: TextClause
+    force_release: TextClause
+    prune_steps: TextClause
+    prune: TextClause
+    advance: TextClause
+
+
+def queries_for(dialect_name: str) -> Queries:
+    d = _POSTGRES if dialect_name == "postgresql" else _SQLITE
+    lease_cols = f"key, token, owner, expires_at - {d.now} AS expires_in, done, result, dead"
+    return Queries(
+        # Take the lease if it is free or expired: one statement; no row back means held or done.
+        acquire=text(f"""
+            INSERT INTO fence_leases (key, token, owner, expires_at, done, run, recoveries, event)
+            VALUES (:key, {d.next_token}, :owner, {d.now} + :ttl, false, :run, 0, 'acquire')
+            ON CONFLICT (key) DO UPDATE SET
+              token = {d.next_token}, owner = excluded.owner, expires_at = {d.now} + :ttl,
+              run = excluded.run, detail = NULL,
+              event = CASE WHEN fence_leases.expires_at IS NULL THEN 'acquire' ELSE 'takeover' END
+            WHERE NOT fence_leases.done
+              AND (fence_leases.expires_at IS NULL OR fence_leases.expires_at <= {d.now})
+            RETURNING token"""),
+        state=text(f"SELECT {lease_cols} FROM fence_leases WHERE key = :key"),
+        # Extend every current lease; the token never changes, so a lost reply is harmless.
+        renew=text(f"""
+            UPDATE fence_leases SET expires_at = {d.now} + :ttl
+            WHERE (key, token) IN ({d.pairs}) AND {_HELD}
+            RETURNING key, token"""),
+        complete=text(f"""
+            UPDATE fence_leases SET done = true, result = :result, expires_at = NULL,
+              finished_at = {d.now}, event = 'complete', detail = NULL
+            WHERE {_CURRENT} RETURNING token"""),
+        release=text(f"""
+            UPDATE fence_leases SET expires_at = NULL, event = 'release', detail = NULL
+            WHERE {_CURRENT} RETURNING token"""),
+        # Check and lock the lease row for the rest of the transaction (a row lock, never KEY SHARE).
+        guard=text(f"""
+            UPDATE fence_leases SET event = :event, detail = :detail
+            WHERE {_CURRENT} RETURNING token"""),
+        insert_step=text(f"""
+            INSERT INTO fence_steps (key, name, token, value, at)
+            VALUES (:key, :name, :token, :value, {d.now})"""),
+        steps=text("SELECT name, value FROM fence_steps WHERE key = :key ORDER BY at"),
+        log=text(f"""
+            INSERT INTO fence_history (key, at, event, token, owner, detail)
+            VALUES (:key, {d.now}, :event, :token, :owner, :detail)"""),
+        current_token=text("SELECT token FROM fence_leases WHERE key = :key"),
+        history=text("SELECT key, at, event, token, owner, detail FROM fence_history "
+                     "WHERE key = :key ORDER BY id"),
+        history_all=text("SELECT key, at, event, token, owner, detail FROM fence_history ORDER BY id"),
+        leases=text(f"SELECT {lease_cols} FROM fence_leases ORDER BY key"),
+        force_release=text(f"""
+            UPDATE fence_leases SET token = {d.next_token}, owner = NULL, expires_at = NULL,
+              event = 'admin-release', detail = NULL
+            WHERE key = :key RETURNING token"""),
+        prune_steps=text(f"""
+            DELETE FROM fence_steps WHERE key IN (SELECT key FROM fence_leases
+              WHERE done AND finished_at <= {d.now} - :age)"""),
+        prune=text(f"DELETE FROM fence_leases WHERE done AND finished_at <= {d.now} - :age"),
+        advance=text(d.advance),
+    )

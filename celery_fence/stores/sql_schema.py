@@ -1,0 +1,143 @@
+"""The ``fence_*`` tables as SQLAlchemy ``MetaData`` (usable in a user's Alembic autogenerate), plus the
+triggers that write the audit trail.
+
+Every state change of a lease row names itself in the row's ``event`` column; a trigger copies each such
+change into ``fence_history`` in the same statement, so no code path can change a lease without leaving its
+line in the history, and the happy path stays one statement. The same trigger refuses a token that does not
+go up (a failover or restore rewound the counter).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Connection,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    Sequence,
+    String,
+    Table,
+    Text,
+    inspect,
+    text,
+)
+
+from ..errors import ConfigurationError
+
+__all__ = ["SCHEMA_VERSION", "metadata", "migrate"]
+
+SCHEMA_VERSION = 1
+metadata = MetaData()
+token_seq = Sequence("fence_token_seq", metadata=metadata)
+
+fence_meta = Table(
+    "fence_meta", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", String(256), nullable=False),
+)
+fence_leases = Table(
+    "fence_leases", metadata,
+    Column("key", String(1024), primary_key=True),
+    Column("token", BigInteger, nullable=False),
+    Column("owner", String(512)),
+    Column("expires_at", Float),  # store-clock epoch seconds; NULL: not held
+    Column("done", Boolean, nullable=False, default=False),
+    Column("result", Text),
+    Column("run", Text),  # task name, arguments and options, for recovery
+    Column("recoveries", Integer, nullable=False, default=0),
+    Column("dead", Text),
+    Column("finished_at", Float),
+    Column("event", String(32), nullable=False),  # the last transition; the audit trigger copies it
+    Column("detail", Text),
+)
+fence_history = Table(
+    "fence_history", metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("key", String(1024), nullable=False),
+    Column("at", Float, nullable=False),
+    Column("event", String(32), nullable=False),
+    Column("token", BigInteger, nullable=False),
+    Column("owner", String(512)),
+    Column("detail", Text),
+    Index("fence_history_key", "key", "id"),
+    sqlite_autoincrement=True,
+)
+fence_steps = Table(
+    "fence_steps", metadata,
+    Column("key", String(1024), primary_key=True),
+    Column("name", String(200), primary_key=True),
+    Column("token", BigInteger, nullable=False),
+    Column("value", Text),
+    Column("at", Float, nullable=False),
+)
+fence_counter = Table(  # SQLite's token source; PostgreSQL uses fence_token_seq
+    "fence_counter", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("value", BigInteger, nullable=False),
+)
+
+_PG_TRIGGER = """
+CREATE OR REPLACE FUNCTION fence_leases_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'UPDATE' AND NEW.token < OLD.token
+     OR TG_OP = 'UPDATE' AND NEW.token = OLD.token AND NEW.event IN ('acquire', 'takeover', 'admin-release')
+  THEN
+    RAISE EXCEPTION USING ERRCODE = 'FE001',
+      MESSAGE = 'fence token counter rewound: ' || NEW.token || ' issued after ' || OLD.token;
+  END IF;
+  INSERT INTO fence_history (key, at, event, token, owner, detail)
+  VALUES (NEW.key, extract(epoch from clock_timestamp()), NEW.event, NEW.token, NEW.owner, NEW.detail);
+  RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS fence_leases_audit ON fence_leases;
+CREATE TRIGGER fence_leases_audit AFTER INSERT OR UPDATE OF event ON fence_leases
+  FOR EACH ROW EXECUTE FUNCTION fence_leases_audit();
+"""
+
+_SQLITE_AUDIT = """
+  UPDATE fence_counter SET value = NEW.token WHERE id = 1 AND value < NEW.token;
+  INSERT INTO fence_history (key, at, event, token, owner, detail)
+  VALUES (NEW.key, (julianday('now') - 2440587.5) * 86400.0, NEW.event, NEW.token, NEW.owner, NEW.detail);
+"""
+_SQLITE_TRIGGERS = [
+    "CREATE TRIGGER IF NOT EXISTS fence_leases_rewind BEFORE UPDATE OF token ON fence_leases"
+    " WHEN NEW.token <= OLD.token BEGIN SELECT RAISE(ABORT, 'fence token counter rewound'); END",
+    f"CREATE TRIGGER IF NOT EXISTS fence_leases_audit_insert AFTER INSERT ON fence_leases BEGIN {_SQLITE_AUDIT} END",
+    f"CREATE TRIGGER IF NOT EXISTS fence_leases_audit_update AFTER UPDATE OF event ON fence_leases"
+    f" BEGIN {_SQLITE_AUDIT} END",
+    "INSERT INTO fence_counter (id, value) SELECT 1, 0 WHERE NOT EXISTS (SELECT 1 FROM fence_counter)",
+]
+
+
+def migrate(conn: Connection) -> None:
+    """Create or upgrade the schema inside the caller's transaction. Idempotent.
+
+    Refuses to adopt ``fence_*`` tables that celery-fence did not create (no ``fence_meta`` row).
+    """
+    postgres = conn.dialect.name == "postgresql"
+    if postgres:  # one migrator at a time; released at commit
+        conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('celery_fence.migrate'))"))
+    existing = set(inspect(conn).get_table_names())
+    if "fence_leases" in existing and "fence_meta" not in existing:
+        raise ConfigurationError(
+            "a table 'fence_leases' exists that celery-fence did not create; "
+            "point fence_store_url at another database or rename that table"
+        )
+    metadata.create_all(conn, checkfirst=True)
+    if postgres:
+        conn.exec_driver_sql(_PG_TRIGGER)
+    else:
+        for statement in _SQLITE_TRIGGERS:
+            conn.exec_driver_sql(statement)
+    row = conn.execute(fence_meta.select().where(fence_meta.c.name == "schema_version")).first()
+    if row is None:
+        conn.execute(fence_meta.insert().values(name="schema_version", value=str(SCHEMA_VERSION)))
+    elif int(row.value) > SCHEMA_VERSION:
+        raise ConfigurationError(
+            f"the fence schema is version {row.value}, newer than this celery-fence "
+            f"({SCHEMA_VERSION}); upgrade celery-fence"
+        )

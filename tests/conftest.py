@@ -1,0 +1,105 @@
+"""Shared server-availability helpers.
+
+A test that needs a server it cannot reach is skipped on a developer's machine and fails in CI
+(``CI`` set to anything but empty, ``0`` or ``false``), so a missing service never passes quietly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+PG_SERVER_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+PG_TEST_DATABASE = "celery_fence_test"
+REDIS_HOST = "127.0.0.1"
+REDIS_PORT = 6379
+REDIS_TEST_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/15"
+CONNECT_TIMEOUT = 2
+
+
+def in_ci() -> bool:
+    """True when the ``CI`` environment variable is set to a true value."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
+
+
+def require_server(name: str, available: bool, reason: str) -> None:
+    """Do nothing if ``available``; otherwise fail in CI and skip elsewhere."""
+    if available:
+        return
+    message = f"{name} is not available: {reason}"
+    if in_ci():
+        pytest.fail(f"{message} (CI is set, so a missing server is an error)", pytrace=False)
+    pytest.skip(message)
+
+
+def _with_database(url: str, database: str, *, scheme: str | None = None) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(scheme=scheme or parts.scheme, path=f"/{database}"))
+
+
+def _sqlalchemy_scheme(scheme: str) -> str:
+    """Keep an explicit driver (``postgresql+psycopg``); give a bare scheme psycopg's."""
+    return scheme if "+" in scheme else "postgresql+psycopg"
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """SQLAlchemy URL of a ``celery_fence_test`` database, created on first use."""
+    server_url = os.environ.get("FENCE_TEST_PG_URL") or PG_SERVER_URL
+    scheme = urlsplit(server_url).scheme
+    libpq_url = urlunsplit(urlsplit(server_url)._replace(scheme="postgresql"))
+    try:
+        import psycopg
+        from psycopg import sql
+    except ImportError as exc:
+        require_server("PostgreSQL", False, f"psycopg is not installed ({exc})")
+        raise
+    try:
+        with psycopg.connect(libpq_url, connect_timeout=CONNECT_TIMEOUT, autocommit=True) as conn:
+            query = "SELECT 1 FROM pg_database WHERE datname = %s"
+            if conn.execute(query, (PG_TEST_DATABASE,)).fetchone() is None:
+                create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(PG_TEST_DATABASE))
+                with contextlib.suppress(psycopg.errors.DuplicateDatabase):  # lost a race: fine
+                    conn.execute(create)
+    except psycopg.Error as exc:
+        require_server("PostgreSQL", False, f"{libpq_url}: {exc}")
+    return _with_database(server_url, PG_TEST_DATABASE, scheme=_sqlalchemy_scheme(scheme))
+
+
+@pytest.fixture(scope="session")
+def redis_server_url() -> str:
+    """URL of database 15 on the local Redis, after a ping."""
+    try:
+        import redis
+    except ImportError as exc:
+        require_server("Redis", False, f"redis-py is not installed ({exc})")
+        raise
+    client = redis.Redis(
+        host=REDIS_HOST,
+        port=REDIS_PORT,
+        socket_connect_timeout=CONNECT_TIMEOUT,
+        socket_timeout=CONNECT_TIMEOUT,
+    )
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as exc:
+        require_server("Redis", False, f"{REDIS_HOST}:{REDIS_PORT}: {exc}")
+    finally:
+        client.close()
+    return REDIS_TEST_URL
+
+
+@pytest.fixture(scope="session")
+def etcd_binary() -> str:
+    """Path of an ``etcd`` executable: ``ETCD_BIN``, then ``PATH``, then ``/usr/bin/etcd``."""
+    candidate = os.environ.get("ETCD_BIN") or shutil.which("etcd") or "/usr/bin/etcd"
+    path = Path(candidate)
+    found = path.is_file() and os.access(path, os.X_OK)
+    reason = f"no executable at {candidate}; install etcd-server or set ETCD_BIN"
+    require_server("etcd", found, reason)
+    return str(path)

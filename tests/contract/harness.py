@@ -1,0 +1,89 @@
+"""One harness per store: how the contract suite opens it, makes time pass, and cleans up.
+
+Adding a store to the suite means adding a harness here and naming it in ``HARNESSES``; the tests are
+never copied.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from celery_fence import open_store
+from celery_fence.stores.memory import MemoryStore
+from celery_fence.stores.sql import SQLStore
+from celery_fence.testing import FakeClock
+
+
+@dataclass
+class Harness:
+    name: str
+    open: Callable[[pytest.FixtureRequest], Iterator[Any]]  # a generator fixture body yielding a store
+    expire_all: Callable[[Any], None]  # every live lease expires now (store time moves past it)
+    expired_lease_survives: bool = True  # renew/complete of an expired, untaken lease still succeeds
+
+
+def _memory(request: pytest.FixtureRequest) -> Iterator[Any]:
+    yield MemoryStore(clock=FakeClock())
+
+
+def _memory_expire(store: MemoryStore) -> None:
+    assert isinstance(store.clock, FakeClock)
+    store.clock.advance(10_000)
+
+
+def _sqlite(request: pytest.FixtureRequest) -> Iterator[Any]:
+    path = request.getfixturevalue("tmp_path") / "fence.db"
+    store = open_store(f"sqlite:///{path}")
+    yield store
+    store.close()
+
+
+@contextmanager
+def pg_schema_store(base_url: str) -> Iterator[SQLStore]:
+    """A store on its own PostgreSQL schema (``fence_test_*``), dropped afterwards."""
+    schema = f"fence_test_{uuid.uuid4().hex[:10]}"
+    admin = SQLStore(base_url)
+    with admin.engine.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    store = SQLStore(base_url)
+
+    from sqlalchemy import event
+
+    @event.listens_for(store.engine, "connect")
+    def _search_path(dbapi_conn: Any, _record: Any) -> None:
+        with dbapi_conn.cursor() as cur:
+            cur.execute(f'SET search_path TO "{schema}"')
+        dbapi_conn.commit()
+
+    try:
+        yield store
+    finally:
+        store.close()
+        with admin.engine.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.close()
+
+
+def _postgres(request: pytest.FixtureRequest) -> Iterator[Any]:
+    with pg_schema_store(request.getfixturevalue("postgres_url")) as store:
+        yield store
+
+
+def _sql_expire(store: SQLStore) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE fence_leases SET expires_at = expires_at - 10000 "
+                          "WHERE expires_at IS NOT NULL"))
+
+
+HARNESSES: dict[str, Harness] = {
+    "memory": Harness("memory", _memory, _memory_expire),
+    "sqlite": Harness("sqlite", _sqlite, _sql_expire),
+    "postgresql": Harness("postgresql", _postgres, _sql_expire),
+}

@@ -1,0 +1,259 @@
+"""The store contract: every store runs these tests unchanged (see harness.py)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from celery_fence import (
+    AlreadyDone,
+    FenceError,
+    InvalidArgument,
+    Lease,
+    LeaseHeld,
+    NotSerializable,
+    StaleToken,
+)
+
+TTL = 30.0
+
+
+def test_acquire_free_key(store: Any) -> None:
+    lease = store.acquire("k", "a", TTL)
+    assert (lease.key, lease.owner) == ("k", "a")
+    assert lease.token > 0
+    state = store.get("k")
+    assert (state.token, state.owner, state.done) == (lease.token, "a", False)
+    assert 0 < state.expires_in <= TTL
+
+
+def test_live_lease_is_held(store: Any) -> None:
+    store.acquire("k", "a", TTL)
+    with pytest.raises(LeaseHeld) as info:
+        store.acquire("k", "b", TTL)
+    assert info.value.owner == "a"
+    assert 0 < info.value.expires_in <= TTL
+
+
+def test_tokens_strictly_increase_across_keys_and_takeovers(store: Any, expire: Any) -> None:
+    tokens = [store.acquire(f"k{i}", "a", TTL).token for i in range(3)]
+    expire()
+    tokens += [store.acquire(f"k{i}", "b", TTL).token for i in range(3)]
+    assert tokens == sorted(tokens)
+    assert len(set(tokens)) == len(tokens)
+
+
+def test_takeover_of_expired_lease_fences_the_old_holder(store: Any, expire: Any) -> None:
+    old = store.acquire("k", "a", TTL)
+    expire()
+    new = store.acquire("k", "b", TTL)
+    assert new.token > old.token
+    with pytest.raises(StaleToken) as info:
+        store.complete(old, "stale")
+    assert (info.value.token, info.value.current) == (old.token, new.token)
+    assert store.get("k").done is False
+    store.complete(new, "fresh")
+    assert (store.get("k").done, store.get("k").result) == (True, "fresh")
+    events = [(e.event, e.token) for e in store.history("k")]
+    assert ("takeover", new.token) in events
+    assert ("refused", old.token) in events
+
+
+@pytest.mark.parametrize("result", [None, 0, 1.5, "x", [1, "a", None], {"a": {"b": [True, False]}}])
+def test_finished_key_answers_already_done_with_its_result(store: Any, result: Any) -> None:
+    lease = store.acquire("k", "a", TTL)
+    store.complete(lease, result)
+    with pytest.raises(AlreadyDone) as info:
+        store.acquire("k", "b", TTL)
+    assert info.value.result == result
+    assert info.value.token == lease.token
+    state = store.get("k")
+    assert (state.done, state.result, state.expires_in) == (True, result, None)
+
+
+def test_renew_keeps_current_leases_and_reports_lost_ones(store: Any, expire: Any) -> None:
+    a = store.acquire("a", "w", TTL)
+    b = store.acquire("b", "w", TTL)
+    assert store.renew([a, b], TTL) == []
+    expire()
+    taken = store.acquire("b", "other", TTL)
+    assert store.renew([a, b], TTL) == [b]
+    assert store.get("a").token == a.token  # a renew never changes a token
+    assert store.get("b").token == taken.token
+    assert ("renew-failed", b.token) in [(e.event, e.token) for e in store.history("b")]
+
+
+def test_renew_of_nothing_is_nothing(store: Any) -> None:
+    assert store.renew([], TTL) == []
+
+
+def test_renew_of_a_finished_key_is_lost(store: Any) -> None:
+    lease = store.acquire("k", "a", TTL)
+    store.complete(lease, 1)
+    assert store.renew([lease], TTL) == [lease]
+
+
+def test_expired_but_untaken_lease_is_still_current(store: Any, expire: Any, harness: Any) -> None:
+    if not harness.expired_lease_survives:
+        pytest.skip(f"{harness.name}: an expired lease's key is gone (documented store limit)")
+    lease = store.acquire("k", "a", TTL)
+    expire()
+    assert store.renew([lease], TTL) == []
+    store.complete(lease, "late but alone")
+    assert store.get("k").result == "late but alone"
+
+
+def test_release_frees_the_key_at_once(store: Any) -> None:
+    lease = store.acquire("k", "a", TTL)
+    store.release(lease)
+    assert store.get("k").expires_in is None
+    again = store.acquire("k", "b", TTL)
+    assert again.token > lease.token
+    assert [e.event for e in store.history("k")][-2:] == ["release", "acquire"]
+
+
+def test_stale_release_changes_nothing(store: Any, expire: Any) -> None:
+    old = store.acquire("k", "a", TTL)
+    expire()
+    new = store.acquire("k", "b", TTL)
+    before = store.get("k")
+    store.release(old)
+    after = store.get("k")
+    assert (after.token, after.owner, after.done) == (before.token, before.owner, before.done)
+    assert after.expires_in is not None
+    store.complete(new, "ok")
+
+
+def test_released_lease_cannot_complete(store: Any) -> None:
+    lease = store.acquire("k", "a", TTL)
+    store.release(lease)
+    with pytest.raises(StaleToken):
+        store.complete(lease, 1)
+    assert store.get("k").done is False
+
+
+def test_reacquire_by_the_same_owner_returns_its_lease(store: Any) -> None:
+    """An acquire whose reply was lost is retried with the same per-acquisition owner."""
+    lease = store.acquire("k", "a:1:uuid", TTL)
+    assert store.acquire("k", "a:1:uuid", TTL) == lease
+
+
+def test_steps_commit_once_and_survive_a_takeover(store: Any, expire: Any) -> None:
+    old = store.acquire("k", "a", TTL)
+    store.save_step(old, "one", {"n": 1})
+    assert store.steps("k") == {"one": {"n": 1}}
+    with pytest.raises(InvalidArgument):
+        store.save_step(old, "one", {"n": 2})
+    expire()
+    new = store.acquire("k", "b", TTL)
+    with pytest.raises(StaleToken):
+        store.save_step(old, "two", "stale")
+    store.save_step(new, "two", [2])
+    assert store.steps("k") == {"one": {"n": 1}, "two": [2]}
+    assert ("step", new.token, "two") in [(e.event, e.token, e.detail) for e in store.history("k")]
+
+
+def test_refuse_records_a_refusal(store: Any) -> None:
+    lease = store.acquire("k", "a", TTL)
+    store.refuse(lease, "check")
+    last = store.history("k")[-1]
+    assert (last.event, last.token, last.owner, last.detail) == ("refused", lease.token, "a", "check")
+
+
+def test_history_is_ordered_by_store_time(store: Any, expire: Any) -> None:
+    first = store.acquire("k", "a", TTL)
+    expire()
+    second = store.acquire("k", "b", TTL)
+    store.complete(second, 1)
+    events = store.history("k")
+    assert [(e.event, e.token) for e in events] == [
+        ("acquire", first.token), ("takeover", second.token), ("complete", second.token)
+    ]
+    assert all(isinstance(e.at, float) and math.isfinite(e.at) for e in events)
+    assert [e.at for e in events] == sorted(e.at for e in events)
+    assert {e.key for e in store.history()} >= {"k"}
+
+
+def test_unknown_key(store: Any) -> None:
+    assert store.get("nobody") is None
+    assert store.history("nobody") == []
+    assert store.steps("nobody") == {}
+
+
+def test_force_release_fences_out_the_holder(store: Any) -> None:
+    lease = store.acquire("k", "a", TTL)
+    token = store.force_release("k")
+    assert token > lease.token
+    with pytest.raises(StaleToken):
+        store.complete(lease, 1)
+    assert store.acquire("k", "b", TTL).token > token
+    with pytest.raises(InvalidArgument):
+        store.force_release("nobody")
+
+
+def test_prune_never_rewinds_tokens(store: Any) -> None:
+    lease = store.acquire("k", "a", TTL)
+    store.complete(lease, 1)
+    assert store.prune(0.0) >= 1
+    assert store.get("k") is None
+    assert store.acquire("k", "b", TTL).token > lease.token
+
+
+def test_advance_moves_the_counter_forward(store: Any) -> None:
+    lease = store.acquire("a", "w", TTL)
+    floor = store.advance(1000)
+    assert floor >= lease.token + 1000
+    assert store.acquire("b", "w", TTL).token > floor
+
+
+def test_leases_lists_every_key(store: Any) -> None:
+    store.acquire("b", "w", TTL)
+    done = store.acquire("a", "w", TTL)
+    store.complete(done, 1)
+    states = {s.key: s for s in store.leases()}
+    assert states["a"].done and not states["b"].done
+
+
+BAD_KEYS = ["", "x" * 1025, None, 7, b"bytes"]
+
+
+@pytest.mark.parametrize("key", BAD_KEYS)
+def test_bad_keys_are_refused(store: Any, key: Any) -> None:
+    with pytest.raises(FenceError) as info:
+        store.acquire(key, "a", TTL)
+    assert isinstance(info.value, (ValueError, TypeError))
+    assert store.leases() == []
+
+
+@pytest.mark.parametrize("ttl", [0, -1, math.nan, math.inf, "5", True, None])
+def test_bad_ttls_are_refused(store: Any, ttl: Any) -> None:
+    with pytest.raises(InvalidArgument):
+        store.acquire("k", "a", ttl)
+    assert store.get("k") is None
+
+
+def test_bad_leases_are_refused(store: Any) -> None:
+    for bad in [None, ("k", 1), Lease("k", 0, "a"), Lease("", 1, "a")]:
+        with pytest.raises(InvalidArgument):
+            store.complete(bad, 1)
+        with pytest.raises(InvalidArgument):
+            store.renew([bad], TTL)
+
+
+def test_unserializable_result_writes_nothing(store: Any) -> None:
+    lease = store.acquire("k", "a", TTL)
+    before = store.history("k")
+    with pytest.raises(NotSerializable):
+        store.complete(lease, object())
+    with pytest.raises(NotSerializable):
+        store.save_step(lease, "s", {1, 2})
+    assert store.history("k") == before
+    assert store.get("k").done is False
+    assert store.steps("k") == {}
+
+
+def test_close_is_idempotent(store: Any) -> None:
+    store.close()
+    store.close()
