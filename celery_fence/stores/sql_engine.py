@@ -57,6 +57,9 @@ def _postgres_engine(url: Any, limits: SessionLimits) -> Engine:
         f"-c idle_in_transaction_session_timeout={ms['idle_in_transaction']}"
         f" -c lock_timeout={ms['lock']} -c statement_timeout={ms['statement']}"
     )
+    if "options" in url.query:  # keep the user's own (e.g. a search_path): ours come first, theirs win
+        options = f"{options} {url.query['options']}"
+        url = url.difference_update_query(["options"])
     connect_args = {
         "options": options,
         "application_name": "celery-fence",

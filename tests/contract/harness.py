@@ -6,6 +6,7 @@ never copied.
 
 from __future__ import annotations
 
+import importlib
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ class Harness:
     open: Callable[[pytest.FixtureRequest], Iterator[Any]]  # a generator fixture body yielding a store
     expire_all: Callable[[Any], None]  # every live lease expires now (store time moves past it)
     expired_lease_survives: bool = True  # renew/complete of an expired, untaken lease still succeeds
+    multiprocess: bool = True  # other processes can open the same store by its url
 
 
 def _memory(request: pytest.FixtureRequest) -> Iterator[Any]:
@@ -47,21 +49,15 @@ def _sqlite(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 @contextmanager
 def pg_schema_store(base_url: str) -> Iterator[SQLStore]:
-    """A store on its own PostgreSQL schema (``fence_test_*``), dropped afterwards."""
+    """A store on its own PostgreSQL schema (``fence_test_*``), dropped afterwards.
+
+    The schema travels in the URL (``options=-csearch_path=...``), so other processes can open it too.
+    """
     schema = f"fence_test_{uuid.uuid4().hex[:10]}"
     admin = SQLStore(base_url)
     with admin.engine.begin() as conn:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    store = SQLStore(base_url)
-
-    from sqlalchemy import event
-
-    @event.listens_for(store.engine, "connect")
-    def _search_path(dbapi_conn: Any, _record: Any) -> None:
-        with dbapi_conn.cursor() as cur:
-            cur.execute(f'SET search_path TO "{schema}"')
-        dbapi_conn.commit()
-
+    store = SQLStore(f"{base_url}?options=-csearch_path%3D{schema}")
     try:
         yield store
     finally:
@@ -83,7 +79,18 @@ def _sql_expire(store: SQLStore) -> None:
 
 
 HARNESSES: dict[str, Harness] = {
-    "memory": Harness("memory", _memory, _memory_expire),
+    "memory": Harness("memory", _memory, _memory_expire, multiprocess=False),
     "sqlite": Harness("sqlite", _sqlite, _sql_expire),
     "postgresql": Harness("postgresql", _postgres, _sql_expire),
 }
+
+# Other stores bring their harness in a module of their own: tests/contract/harness_<store>.py defining
+# HARNESS (a Harness); a module that is not there yet simply adds nothing.
+for _name in ("redis", "etcd"):
+    try:
+        _module = importlib.import_module(f"{__package__}.harness_{_name}")
+    except ModuleNotFoundError as _exc:
+        if _exc.name != f"{__package__}.harness_{_name}":
+            raise
+    else:
+        HARNESSES[_name] = _module.HARNESS

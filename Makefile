@@ -1,0 +1,54 @@
+# Every target creates .venv and installs the package with its dev extras on first use.
+VENV ?= .venv
+PYTHON ?= python3
+PY = $(VENV)/bin/python
+PYTEST = $(PY) -m pytest
+ARGS ?=
+LINT_PATHS = $(wildcard celery_fence tests example_app benchmarks)
+
+.PHONY: venv test unit contract integration chaos soak lint type check demo bench clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+# Everything but the soaks; CI runs this. The chaos tests size themselves by FENCE_SOAK_RUNS.
+test: venv
+	$(PYTEST) -m "not soak" $(ARGS)
+
+unit: venv
+	$(PYTEST) tests/unit $(ARGS)
+
+contract: venv
+	$(PYTEST) tests/contract $(ARGS)
+
+integration: venv
+	$(PYTEST) tests/integration -m "not soak" $(ARGS)
+
+chaos: venv
+	$(PYTEST) tests/chaos -m "not soak" $(ARGS)
+
+soak: venv
+	$(PYTEST) -m soak $(ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+
+type: venv
+	$(VENV)/bin/mypy --strict celery_fence
+
+check: lint type test
+
+demo: venv
+	$(PY) -m example_app demo
+
+bench: venv
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf build dist *.egg-info .tox .mypy_cache .ruff_cache .pytest_cache .hypothesis .fence-demo
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
