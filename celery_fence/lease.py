@@ -67,7 +67,9 @@ def validate_key(key: object) -> str:
     if not isinstance(key, str):
         raise InvalidArgument(f"a lease key must be a str, not {type(key).__name__}")
     if not key or len(key) > MAX_KEY_LENGTH:
-        raise InvalidArgument(f"a lease key must have 1 to {MAX_KEY_LENGTH} characters, got {len(key)}")
+        raise InvalidArgument(
+            f"a lease key must have 1 to {MAX_KEY_LENGTH} characters, got {len(key)}"
+        )
     return key
 
 
@@ -88,8 +90,8 @@ def new_owner() -> str:
 class LeasePolicy:
     """How long a lease lives and when its holder renews or gives up.
 
-    ``renew_interval`` defaults to ``ttl / 3`` and must be below ``ttl / 2`` so that one renew can fail and the
-    next still lands before expiry. The local deadline keeps a ``margin`` (a tenth of the ttl) between the
+    ``renew_interval`` defaults to ``ttl / 3`` and must be below ``ttl / 2`` so that one renew can fail
+    and the next still lands before expiry. The local deadline keeps a ``margin`` (a tenth of the ttl) between the
     moment a worker stops trusting its lease and the earliest moment the store could expire it.
     """
 
@@ -103,7 +105,9 @@ class LeasePolicy:
             raise ConfigurationError(f"fence_lease_ttl: {exc}") from exc
         interval = ttl / 3 if self.renew_interval is None else self.renew_interval
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
-            raise ConfigurationError(f"fence_renew_interval must be a positive number, got {interval!r}")
+            raise ConfigurationError(
+                f"fence_renew_interval must be a positive number, got {interval!r}"
+            )
         if interval >= ttl / 2:
             raise ConfigurationError(
                 f"fence_renew_interval ({interval}s) must be below half of fence_lease_ttl ({ttl}s): "

@@ -184,7 +184,15 @@ class MemoryStore:
             raise StaleToken(lease.key, lease.token, current, what)
         return row
 
-    def _log(self, key: str, event: str, token: int, owner: str | None, at: float, detail: str | None = None) -> None:
+    def _log(
+        self,
+        key: str,
+        event: str,
+        token: int,
+        owner: str | None,
+        at: float,
+        detail: str | None = None,
+    ) -> None:
         self._history.append(HistoryEvent(at, event, token, owner, detail, key=key))
 
     @staticmethod

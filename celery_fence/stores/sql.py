@@ -95,7 +95,9 @@ class SQLStore:
         if not leases:
             return []
         with self._one() as conn:
-            kept = {(r.key, int(r.token)) for r in conn.execute(self.q.renew, self._pairs(leases, ttl))}
+            kept = {
+                (r.key, int(r.token)) for r in conn.execute(self.q.renew, self._pairs(leases, ttl))
+            }
             lost = [lease for lease in leases if (lease.key, lease.token) not in kept]
             if lost:
                 conn.execute(self.q.log, [self._event(lease, "renew-failed") for lease in lost])
@@ -174,7 +176,9 @@ class SQLStore:
         query, params = (self.q.history_all, {}) if key is None else (self.q.history, {"key": key})
         with self._one() as conn:
             rows = conn.execute(query, params).all()
-        return [HistoryEvent(r.at, r.event, int(r.token), r.owner, r.detail, key=r.key) for r in rows]
+        return [
+            HistoryEvent(r.at, r.event, int(r.token), r.owner, r.detail, key=r.key) for r in rows
+        ]
 
     def leases(self) -> list[LeaseState]:
         with self._one() as conn:
@@ -221,7 +225,11 @@ class SQLStore:
 
     def _pairs(self, leases: Sequence[Lease], ttl: float) -> dict[str, Any]:
         if self.dialect == "postgresql":
-            return {"keys": [x.key for x in leases], "tokens": [x.token for x in leases], "ttl": ttl}
+            return {
+                "keys": [x.key for x in leases],
+                "tokens": [x.token for x in leases],
+                "ttl": ttl,
+            }
         return {"pairs": json.dumps([[x.key, x.token] for x in leases]), "ttl": ttl}
 
     @staticmethod
@@ -233,11 +241,15 @@ class SQLStore:
 def _schema_current(conn: Connection) -> bool:
     if not inspect(conn).has_table("fence_meta"):
         return False
-    version = conn.execute(text("SELECT value FROM fence_meta WHERE name = 'schema_version'")).scalar()
+    version = conn.execute(
+        text("SELECT value FROM fence_meta WHERE name = 'schema_version'")
+    ).scalar()
     return version == str(SCHEMA_VERSION)
 
 
 def _state(row: Row[Any]) -> LeaseState:
     expires_in = None if row.expires_in is None else float(row.expires_in)
     result = codec.loads(row.result)
-    return LeaseState(row.key, int(row.token), row.owner, expires_in, bool(row.done), result, row.dead)
+    return LeaseState(
+        row.key, int(row.token), row.owner, expires_in, bool(row.done), result, row.dead
+    )

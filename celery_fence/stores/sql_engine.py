@@ -16,7 +16,13 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    IntegrityError,
+    NoSuchModuleError,
+    SQLAlchemyError,
+)
 
 from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable, TokenRewound
 
@@ -42,7 +48,7 @@ def create_store_engine(url: str, limits: SessionLimits) -> Engine:
     try:
         if parsed.get_backend_name() == "sqlite":
             return _sqlite_engine(parsed, limits)
-        if parsed.drivername == "postgresql" or parsed.drivername == "postgres":
+        if parsed.drivername in {"postgresql", "postgres"}:
             parsed = parsed.set(drivername="postgresql+psycopg")
         return _postgres_engine(parsed, limits)
     except (NoSuchModuleError, ImportError) as exc:
@@ -57,7 +63,9 @@ def _postgres_engine(url: Any, limits: SessionLimits) -> Engine:
         f"-c idle_in_transaction_session_timeout={ms['idle_in_transaction']}"
         f" -c lock_timeout={ms['lock']} -c statement_timeout={ms['statement']}"
     )
-    if "options" in url.query:  # keep the user's own (e.g. a search_path): ours come first, theirs win
+    if (
+        "options" in url.query
+    ):  # keep the user's own (e.g. a search_path): ours come first, theirs win
         options = f"{options} {url.query['options']}"
         url = url.difference_update_query(["options"])
     connect_args = {
@@ -83,10 +91,14 @@ def _sqlite_engine(url: Any, limits: SessionLimits) -> Engine:
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
-        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (SQLAlchemy's documented pattern)
+        dbapi_conn.isolation_level = (
+            None  # we issue BEGIN ourselves (SQLAlchemy's documented pattern)
+        )
         dbapi_conn.execute("PRAGMA journal_mode=WAL")
         dbapi_conn.execute(f"PRAGMA busy_timeout={int(limits.lock * 1000)}")
-        dbapi_conn.execute("PRAGMA synchronous=FULL")  # a lost commit could rewind the token counter
+        dbapi_conn.execute(
+            "PRAGMA synchronous=FULL"
+        )  # a lost commit could rewind the token counter
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
@@ -96,7 +108,18 @@ def _sqlite_engine(url: Any, limits: SessionLimits) -> Engine:
     return engine
 
 
-_PG_UNAVAILABLE = {"55P03", "57014", "57P01", "57P02", "57P03", "53300", "08000", "08003", "08006", "25P03"}
+_PG_UNAVAILABLE = {
+    "55P03",
+    "57014",
+    "57P01",
+    "57P02",
+    "57P03",
+    "53300",
+    "08000",
+    "08003",
+    "08006",
+    "25P03",
+}
 
 
 @contextmanager
@@ -116,12 +139,20 @@ def _translate_dbapi(url: str, exc: DBAPIError) -> FenceError:
     message = str(exc.orig)
     code = getattr(exc.orig, "sqlstate", None)
     if code == "FE001" or "fence token counter rewound" in message:
-        return TokenRewound(f"{message.splitlines()[0]}: run 'celery fence advance' on {_safe(url)}")
+        return TokenRewound(
+            f"{message.splitlines()[0]}: run 'celery fence advance' on {_safe(url)}"
+        )
     if isinstance(exc, IntegrityError):
         return InvalidArgument(f"the store refused a duplicate: {message.splitlines()[0]}")
-    if code in ("22001", "22021", "22P02") or isinstance(exc.orig, (sqlite3.DataError, OverflowError)):
+    if code in ("22001", "22021", "22P02") or isinstance(
+        exc.orig, (sqlite3.DataError, OverflowError)
+    ):
         return InvalidArgument(f"the store refused a value: {message.splitlines()[0]}")
-    if exc.connection_invalidated or code in _PG_UNAVAILABLE or isinstance(exc.orig, sqlite3.OperationalError):
+    if (
+        exc.connection_invalidated
+        or code in _PG_UNAVAILABLE
+        or isinstance(exc.orig, sqlite3.OperationalError)
+    ):
         return StoreUnavailable(f"fence store {_safe(url)} unavailable: {message.splitlines()[0]}")
     return StoreUnavailable(f"fence store {_safe(url)} failed: {message.splitlines()[0]}")
 

@@ -102,9 +102,13 @@ def queries_for(dialect_name: str) -> Queries:
             INSERT INTO fence_history (key, at, event, token, owner, detail)
             VALUES (:key, {d.now}, :event, :token, :owner, :detail)"""),
         current_token=text("SELECT token FROM fence_leases WHERE key = :key"),
-        history=text("SELECT key, at, event, token, owner, detail FROM fence_history "
-                     "WHERE key = :key ORDER BY id"),
-        history_all=text("SELECT key, at, event, token, owner, detail FROM fence_history ORDER BY id"),
+        history=text(
+            "SELECT key, at, event, token, owner, detail FROM fence_history "
+            "WHERE key = :key ORDER BY id"
+        ),
+        history_all=text(
+            "SELECT key, at, event, token, owner, detail FROM fence_history ORDER BY id"
+        ),
         leases=text(f"SELECT {lease_cols} FROM fence_leases ORDER BY key"),
         force_release=text(f"""
             UPDATE fence_leases SET token = {d.next_token}, owner = NULL, expires_at = NULL,

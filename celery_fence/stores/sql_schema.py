@@ -35,12 +35,14 @@ metadata = MetaData()
 token_seq = Sequence("fence_token_seq", metadata=metadata)
 
 fence_meta = Table(
-    "fence_meta", metadata,
+    "fence_meta",
+    metadata,
     Column("name", String(64), primary_key=True),
     Column("value", String(256), nullable=False),
 )
 fence_leases = Table(
-    "fence_leases", metadata,
+    "fence_leases",
+    metadata,
     Column("key", String(1024), primary_key=True),
     Column("token", BigInteger, nullable=False),
     Column("owner", String(512)),
@@ -55,8 +57,11 @@ fence_leases = Table(
     Column("detail", Text),
 )
 fence_history = Table(
-    "fence_history", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    "fence_history",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("key", String(1024), nullable=False),
     Column("at", Float, nullable=False),
     Column("event", String(32), nullable=False),
@@ -67,7 +72,8 @@ fence_history = Table(
     sqlite_autoincrement=True,
 )
 fence_steps = Table(
-    "fence_steps", metadata,
+    "fence_steps",
+    metadata,
     Column("key", String(1024), primary_key=True),
     Column("name", String(200), primary_key=True),
     Column("token", BigInteger, nullable=False),
@@ -75,7 +81,8 @@ fence_steps = Table(
     Column("at", Float, nullable=False),
 )
 fence_counter = Table(  # SQLite's token source; PostgreSQL uses fence_token_seq
-    "fence_counter", metadata,
+    "fence_counter",
+    metadata,
     Column("id", Integer, primary_key=True),
     Column("value", BigInteger, nullable=False),
 )
@@ -106,7 +113,8 @@ _SQLITE_AUDIT = """
 _SQLITE_TRIGGERS = [
     "CREATE TRIGGER IF NOT EXISTS fence_leases_rewind BEFORE UPDATE OF token ON fence_leases"
     " WHEN NEW.token <= OLD.token BEGIN SELECT RAISE(ABORT, 'fence token counter rewound'); END",
-    f"CREATE TRIGGER IF NOT EXISTS fence_leases_audit_insert AFTER INSERT ON fence_leases BEGIN {_SQLITE_AUDIT} END",
+    "CREATE TRIGGER IF NOT EXISTS fence_leases_audit_insert AFTER INSERT ON fence_leases"
+    f" BEGIN {_SQLITE_AUDIT} END",
     f"CREATE TRIGGER IF NOT EXISTS fence_leases_audit_update AFTER UPDATE OF event ON fence_leases"
     f" BEGIN {_SQLITE_AUDIT} END",
     "INSERT INTO fence_counter (id, value) SELECT 1, 0 WHERE NOT EXISTS (SELECT 1 FROM fence_counter)",

@@ -25,9 +25,13 @@ from celery_fence.testing import FakeClock
 @dataclass
 class Harness:
     name: str
-    open: Callable[[pytest.FixtureRequest], Iterator[Any]]  # a generator fixture body yielding a store
+    open: Callable[
+        [pytest.FixtureRequest], Iterator[Any]
+    ]  # a generator fixture body yielding a store
     expire_all: Callable[[Any], None]  # every live lease expires now (store time moves past it)
-    expired_lease_survives: bool = True  # renew/complete of an expired, untaken lease still succeeds
+    expired_lease_survives: bool = (
+        True  # renew/complete of an expired, untaken lease still succeeds
+    )
     multiprocess: bool = True  # other processes can open the same store by its url
 
 
@@ -74,8 +78,12 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 def _sql_expire(store: SQLStore) -> None:
     with store.engine.begin() as conn:
-        conn.execute(text("UPDATE fence_leases SET expires_at = expires_at - 10000 "
-                          "WHERE expires_at IS NOT NULL"))
+        conn.execute(
+            text(
+                "UPDATE fence_leases SET expires_at = expires_at - 10000 "
+                "WHERE expires_at IS NOT NULL"
+            )
+        )
 
 
 HARNESSES: dict[str, Harness] = {

@@ -159,7 +159,12 @@ def test_refuse_records_a_refusal(store: Any) -> None:
     lease = store.acquire("k", "a", TTL)
     store.refuse(lease, "check")
     last = store.history("k")[-1]
-    assert (last.event, last.token, last.owner, last.detail) == ("refused", lease.token, "a", "check")
+    assert (last.event, last.token, last.owner, last.detail) == (
+        "refused",
+        lease.token,
+        "a",
+        "check",
+    )
 
 
 def test_history_is_ordered_by_store_time(store: Any, expire: Any) -> None:
@@ -169,7 +174,9 @@ def test_history_is_ordered_by_store_time(store: Any, expire: Any) -> None:
     store.complete(second, 1)
     events = store.history("k")
     assert [(e.event, e.token) for e in events] == [
-        ("acquire", first.token), ("takeover", second.token), ("complete", second.token)
+        ("acquire", first.token),
+        ("takeover", second.token),
+        ("complete", second.token),
     ]
     assert all(isinstance(e.at, float) and math.isfinite(e.at) for e in events)
     assert [e.at for e in events] == sorted(e.at for e in events)
