@@ -91,8 +91,8 @@ class LeasePolicy:
     """How long a lease lives and when its holder renews or gives up.
 
     ``renew_interval`` defaults to ``ttl / 3`` and must be below ``ttl / 2`` so that one renew can fail
-    and the next still lands before expiry. The local deadline keeps a ``margin`` (a tenth of the ttl) between the
-    moment a worker stops trusting its lease and the earliest moment the store could expire it.
+    and the next still lands before expiry. The local deadline keeps a ``margin`` (a tenth of the ttl)
+    between the moment a worker stops trusting its lease and the earliest moment the store could expire it.
     """
 
     ttl: float
