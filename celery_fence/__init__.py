@@ -14,13 +14,17 @@ from .errors import (
     StoreUnavailable,
     TokenRewound,
 )
+from .fence import Fence
 from .lease import HistoryEvent, Lease, LeasePolicy, LeaseState
 from .stores import Store, open_store
+from .task import FencedTask
 
 __all__ = [
     "AlreadyDone",
     "ConfigurationError",
+    "Fence",
     "FenceError",
+    "FencedTask",
     "HistoryEvent",
     "InvalidArgument",
     "Lease",

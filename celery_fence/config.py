@@ -1,0 +1,73 @@
+"""The ``fence_*`` settings, read from a Celery app's configuration and checked once."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigurationError
+from .lease import LeasePolicy
+from .stores import DEFAULT_STORE_URL, scheme_of
+
+__all__ = ["BUSY_POLICIES", "DEFAULTS", "FenceConfig"]
+
+BUSY_POLICIES = ("retry", "ignore", "fail")
+
+DEFAULTS: dict[str, Any] = {
+    "fence_store_url": DEFAULT_STORE_URL,
+    "fence_lease_ttl": 30.0,
+    "fence_renew_interval": None,  # ttl / 3
+    "fence_on_busy": "retry",
+    "fence_interrupt": False,
+    "fence_max_recoveries": 3,
+    "fence_send_events": True,
+}
+
+
+@dataclass(frozen=True)
+class FenceConfig:
+    store_url: str
+    policy: LeasePolicy
+    on_busy: str
+    interrupt: bool
+    max_recoveries: int
+    send_events: bool
+
+    @classmethod
+    def from_conf(cls, conf: Mapping[str, Any]) -> FenceConfig:
+        """Read ``fence_*`` settings (unset ones take :data:`DEFAULTS`); refuse what cannot work."""
+
+        def get(name: str) -> Any:
+            value = conf.get(name)
+            return DEFAULTS[name] if value is None else value
+
+        url = get("fence_store_url")
+        scheme_of(url)  # refuses a malformed URL now, not at the first task
+        on_busy = get("fence_on_busy")
+        if on_busy not in BUSY_POLICIES:
+            raise ConfigurationError(f"fence_on_busy must be one of {BUSY_POLICIES}, got {on_busy!r}")
+        max_recoveries = get("fence_max_recoveries")
+        if isinstance(max_recoveries, bool) or not isinstance(max_recoveries, int) or max_recoveries < 0:
+            raise ConfigurationError(f"fence_max_recoveries must be an int >= 0, got {max_recoveries!r}")
+        policy = LeasePolicy(get("fence_lease_ttl"), get("fence_renew_interval"))
+        return cls(
+            url, policy, on_busy, bool(get("fence_interrupt")), max_recoveries, bool(get("fence_send_events"))
+        )
+
+    def with_task_options(
+        self, ttl: float | None, on_busy: str | None, interrupt: bool | None
+    ) -> FenceConfig:
+        """Apply a task's own ``fence_lease_ttl``/``fence_on_busy``/``fence_interrupt`` over the app's."""
+        if ttl is None and on_busy is None and interrupt is None:
+            return self
+        conf = {
+            "fence_store_url": self.store_url,
+            "fence_lease_ttl": self.policy.ttl if ttl is None else ttl,
+            "fence_renew_interval": None if ttl is not None else self.policy.renew_interval,
+            "fence_on_busy": on_busy or self.on_busy,
+            "fence_interrupt": self.interrupt if interrupt is None else interrupt,
+            "fence_max_recoveries": self.max_recoveries,
+            "fence_send_events": self.send_events,
+        }
+        return FenceConfig.from_conf(conf)

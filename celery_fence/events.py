@@ -1,0 +1,31 @@
+"""``task-fence-*`` monitoring events (Flower shows a task in the state the event names).
+
+- ``task-fence-acquired``: a run took its lease (sent only when the worker sends task events, ``-E``).
+- ``task-fence-lost``: a run's lease was lost while it ran.
+- ``task-fence-refused``: a run's write or completion was refused; the standard ``exception`` field says why.
+- ``task-fence-duplicate``: a delivery found its key held by the same task id, or already done.
+
+Every event carries ``key`` and ``token``. Sending never raises: monitoring must not fail a task.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+__all__ = ["send_fence_event"]
+
+log = logging.getLogger(__name__)
+
+
+def send_fence_event(task: Any, kind: str, *, always: bool = True, **fields: Any) -> None:
+    """Send ``task-fence-<kind>`` for the current run; ``always=False`` events need the worker's ``-E``."""
+    request = task.request
+    if getattr(request, "is_eager", False) or not getattr(request, "hostname", None):
+        return  # not in a worker: nobody is listening
+    if not always and not task.app.conf.worker_send_task_events:
+        return
+    try:
+        task.send_event(f"task-fence-{kind}", retry=False, **fields)
+    except Exception as exc:  # the broker may be down; the task's outcome must not depend on it
+        log.warning("could not send task-fence-%s for %s: %s", kind, request.id, exc)

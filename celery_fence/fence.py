@@ -1,0 +1,94 @@
+"""The per-run handle a fenced task sees as ``self.fence``."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from . import codec
+from .errors import ConfigurationError, LeaseLost
+from .lease import Lease
+from .stores.base import FencedConnectionStore, Store
+
+__all__ = ["Fence"]
+
+T = TypeVar("T")
+
+
+class Fence:
+    """The lease one run holds: its key and token, and the writes that carry the token.
+
+    ``check()`` is local and cheap (it raises once the renewer saw the lease lost); every write asks the
+    store, which alone decides.
+    """
+
+    def __init__(self, store: Store, lease: Lease) -> None:
+        self.store = store
+        self.lease = lease
+        self._lost: str | None = None
+        self._steps: dict[str, Any] | None = None
+        self._lost_event = threading.Event()
+
+    @property
+    def key(self) -> str:
+        return self.lease.key
+
+    @property
+    def token(self) -> int:
+        return self.lease.token
+
+    @property
+    def lost(self) -> bool:
+        return self._lost is not None
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self._lost
+
+    def mark_lost(self, reason: str) -> None:
+        """Called by the renewer's thread when the lease is lost."""
+        self._lost = reason
+        self._lost_event.set()
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if this run's lease is known to be lost."""
+        if self._lost is not None:
+            raise LeaseLost(self.key, self.token, self._lost)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """A transaction on the store's database in which the lease row is checked and locked until commit.
+
+        Yields an SQLAlchemy ``Connection``: write your tables with it; the token check and your writes
+        commit together or not at all (``StaleToken``). Needs a SQL store; with Redis or etcd use
+        :func:`celery_fence.fenced_update` on a table with a ``fence_token`` column.
+        """
+        if not isinstance(self.store, FencedConnectionStore):
+            raise ConfigurationError(
+                f"self.fence.transaction() needs a SQL lease store, not {self.store.url.split('://')[0]}://; "
+                "use celery_fence.fenced_update(conn, table, values, where, self.fence.token) on your own "
+                "database instead"
+            )
+        with self.store.transaction(self.lease) as conn:
+            yield conn
+
+    def step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn`` once per key: a committed step returns its stored value without calling ``fn``.
+
+        A new value is committed with the token check (``StaleToken`` if this run was superseded).
+        """
+        if self._steps is None:
+            self._steps = self.store.steps(self.key)
+        if name in self._steps:
+            value: T = self._steps[name]
+            return value
+        value = codec.loads(codec.dumps(fn(*args, **kwargs)))  # the same value a resumed run will see
+        self.store.save_step(self.lease, name, value)
+        self._steps[name] = value
+        return value
+
+    def __repr__(self) -> str:
+        state = f"lost: {self._lost}" if self._lost else "held"
+        return f"<Fence {self.key!r} token={self.token} {state}>"

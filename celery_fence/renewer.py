@@ -1,0 +1,134 @@
+"""The per-process renewer: one thread renews every lease held in its process, one store round trip per
+ttl per interval. No Celery import.
+
+A lease is lost when the store refuses its renew, or when no renew succeeded before its local monotonic
+deadline (the store may be unreachable; the worker must then assume the store expired it). Loss is never
+silent: the callback given to :meth:`Renewer.track` runs (the task layer logs, signals and sends an event).
+The heartbeat only lets a worker stop early; the store's token check is what keeps data safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import FenceError, StoreUnavailable
+from .lease import Lease, LeasePolicy
+from .stores.base import Store
+
+__all__ = ["Renewer"]
+
+log = logging.getLogger(__name__)
+
+OnLost = Callable[[Lease, str], None]
+
+
+@dataclass
+class _Tracked:
+    policy: LeasePolicy
+    deadline: float  # local monotonic time after which the lease counts as lost
+    on_lost: OnLost
+
+
+class Renewer:
+    """Renews tracked leases in the background. ``tick()`` is one pass, callable directly in tests."""
+
+    def __init__(self, store: Store, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.interval, self.clock = store, interval, clock
+        self._leases: dict[Lease, _Tracked] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.round_trips = 0  # renew calls sent: observable by tests and benchmarks
+
+    def track(self, lease: Lease, policy: LeasePolicy, sent_at: float, on_lost: OnLost) -> None:
+        """Renew ``lease`` until :meth:`untrack`; ``sent_at`` is when its acquire was sent."""
+        with self._lock:
+            self._leases[lease] = _Tracked(policy, policy.deadline(sent_at), on_lost)
+            self.interval = min(self.interval, policy.interval)
+        self._ensure_thread()
+
+    def untrack(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases.pop(lease, None)
+
+    def held(self) -> list[Lease]:
+        with self._lock:
+            return list(self._leases)
+
+    def tick(self) -> None:
+        """Renew every tracked lease (one call per distinct ttl), then expire overdue ones locally."""
+        with self._lock:
+            by_ttl: dict[float, list[Lease]] = {}
+            for lease, tracked in self._leases.items():
+                by_ttl.setdefault(tracked.policy.ttl, []).append(lease)
+        for ttl, leases in by_ttl.items():
+            self._renew(leases, ttl)
+        self._expire_overdue()
+
+    def _renew(self, leases: list[Lease], ttl: float) -> None:
+        sent_at = self.clock()
+        self.round_trips += 1
+        try:
+            lost = set(self.store.renew(leases, ttl))
+        except StoreUnavailable as exc:
+            log.warning("fence renew of %d leases failed, retrying: %s", len(leases), exc)
+            return
+        except FenceError:
+            log.exception("fence renew of %d leases failed", len(leases))
+            return
+        for lease in leases:
+            if lease in lost:
+                self._lose(lease, "renew refused: the lease was taken over or released")
+            else:
+                with self._lock:
+                    tracked = self._leases.get(lease)
+                    if tracked is not None:
+                        tracked.deadline = tracked.policy.deadline(sent_at)
+
+    def _expire_overdue(self) -> None:
+        now = self.clock()
+        with self._lock:
+            overdue = [lease for lease, t in self._leases.items() if t.deadline <= now]
+        for lease in overdue:
+            self._lose(lease, "no successful renew before the local deadline")
+
+    def _lose(self, lease: Lease, reason: str) -> None:
+        with self._lock:
+            tracked = self._leases.pop(lease, None)
+        if tracked is None:
+            return
+        try:
+            tracked.on_lost(lease, reason)
+        except Exception:  # a failing callback must not stop renewing the other leases
+            log.exception("fence lease-lost callback failed for %s", lease.key)
+
+    def _ensure_thread(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="celery-fence-renewer", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self._wake.wait(self._next_wait()):
+            try:
+                self.tick()
+            except Exception:  # never die silently: log and keep going
+                log.exception("fence renewer pass failed")
+
+    def _next_wait(self) -> float:
+        """Wake at the interval, or earlier when a local deadline comes first."""
+        with self._lock:
+            deadlines = [t.deadline for t in self._leases.values()]
+        until_deadline = min(deadlines, default=float("inf")) - self.clock()
+        return max(0.0, min(self.interval, until_deadline))
+
+    def stop(self) -> None:
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

@@ -1,0 +1,68 @@
+"""Per-process state of celery-fence for one Celery app: its settings, its store client, its renewer.
+
+Tied to the app, created lazily in the process that runs tasks (a prefork child after fork, never the
+parent), and re-created when the process id changes, so no client is ever shared across a fork.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from .config import FenceConfig
+from .interrupt import Interrupter
+from .renewer import Renewer
+from .stores import Store, open_store
+
+__all__ = ["FenceRuntime", "runtime_for"]
+
+_ATTR = "_celery_fence_runtime"
+_CREATE = threading.Lock()  # serialises first creation on the threads pool; holds no state
+
+
+class FenceRuntime:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.pid = os.getpid()
+        self.config = FenceConfig.from_conf(app.conf)
+        self._store: Store | None = None
+        self._renewer: Renewer | None = None
+        self._lock = threading.Lock()
+        self.interrupter = Interrupter()
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            with self._lock:
+                if self._store is None:
+                    self._store = open_store(self.config.store_url)
+        return self._store
+
+    @property
+    def renewer(self) -> Renewer:
+        if self._renewer is None:
+            store = self.store
+            with self._lock:
+                if self._renewer is None:
+                    self._renewer = Renewer(store, self.config.policy.interval)
+        return self._renewer
+
+    def close(self) -> None:
+        if self._renewer is not None:
+            self._renewer.stop()
+        if self._store is not None:
+            self._store.close()
+
+
+def runtime_for(app: Any) -> FenceRuntime:
+    """This process's runtime for ``app``; a forked child gets its own on first use."""
+    runtime: FenceRuntime | None = app.__dict__.get(_ATTR)
+    if runtime is not None and runtime.pid == os.getpid():
+        return runtime
+    with _CREATE:
+        runtime = app.__dict__.get(_ATTR)
+        if runtime is None or runtime.pid != os.getpid():
+            runtime = FenceRuntime(app)
+            setattr(app, _ATTR, runtime)
+        return runtime
