@@ -1,0 +1,256 @@
+"""What only the SQL store promises: statement counts, fenced transactions, locks and session timeouts."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+
+from celery_fence import (
+    ConfigurationError,
+    LeaseHeld,
+    StaleToken,
+    StoreUnavailable,
+    TokenRewound,
+    open_store,
+)
+from celery_fence.stores.sql import SQLStore
+from celery_fence.stores.sql_engine import SessionLimits
+
+from .harness import HARNESSES
+from .racing import race
+
+TTL = 30.0
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql(request: pytest.FixtureRequest) -> Iterator[SQLStore]:
+    yield from HARNESSES[request.param].open(request)
+
+
+@pytest.fixture
+def effects(sql: SQLStore) -> str:
+    """A user table in the store's database, written only through fenced transactions."""
+    with sql.engine.begin() as conn:
+        conn.execute(
+            text("CREATE TABLE fence_test_effects (key VARCHAR(100), token BIGINT, who VARCHAR(20))")
+        )
+    return "fence_test_effects"
+
+
+def _expire(store: SQLStore) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE fence_leases SET expires_at = expires_at - 10000 WHERE expires_at IS NOT NULL")
+        )
+
+
+class StatementCounter:
+    def __init__(self, store: SQLStore) -> None:
+        self.statements: list[str] = []
+        event.listen(store.engine, "before_cursor_execute", self._on_execute)
+
+    def _on_execute(self, _conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        self.statements.append(statement)
+
+    def count(self, fn: Any, *args: Any) -> int:
+        self.statements.clear()
+        fn(*args)
+        return len(self.statements)
+
+
+def test_one_statement_per_operation(sql: SQLStore) -> None:
+    sql.migrate()
+    counter = StatementCounter(sql)
+    leases = [sql.acquire(f"k{i}", "w", TTL) for i in range(1000)]
+    assert counter.count(sql.acquire, "new", "w", TTL) == 1
+    for n in (1, 100, 1000):
+        assert counter.count(sql.renew, leases[:n], TTL) == 1, f"renew of {n} leases"
+    assert counter.count(sql.complete, leases[0], {"ok": True}) == 1
+    assert counter.count(sql.release, leases[1]) == 1
+    print(f"\n{sql.dialect}: acquire 1, renew of 1/100/1000 leases 1, complete 1, release 1 statement")
+
+
+def test_fenced_transaction_commits_with_the_current_token(sql: SQLStore, effects: str) -> None:
+    lease = sql.acquire("k", "a", TTL)
+    with sql.transaction(lease) as conn:
+        conn.execute(text(f"INSERT INTO {effects} VALUES ('k', :t, 'a')"), {"t": lease.token})
+    with sql.engine.connect() as conn:
+        assert conn.execute(text(f"SELECT token FROM {effects}")).scalars().all() == [lease.token]
+    assert ("write", lease.token) in [(e.event, e.token) for e in sql.history("k")]
+
+
+def test_user_errors_inside_the_transaction_roll_back_and_stay_theirs(sql: SQLStore, effects: str) -> None:
+    lease = sql.acquire("k", "a", TTL)
+    with pytest.raises(ZeroDivisionError), sql.transaction(lease) as conn:
+        conn.execute(text(f"INSERT INTO {effects} VALUES ('k', 1, 'a')"))
+        _ = 1 / 0
+    with sql.engine.connect() as conn:
+        assert conn.execute(text(f"SELECT count(*) FROM {effects}")).scalar() == 0
+    assert "write" not in [e.event for e in sql.history("k")]
+
+
+def test_old_and_new_token_race_only_the_new_commits(sql: SQLStore, effects: str) -> None:
+    for round_ in range(10):
+        key = f"k{round_}"
+        old = sql.acquire(key, "old", TTL)
+        _expire(sql)
+        new = sql.acquire(key, "new", TTL)
+        barrier, outcome = threading.Barrier(2), {}
+
+        def write(lease: Any, who: str) -> None:
+            barrier.wait()
+            try:
+                with sql.transaction(lease) as conn:
+                    conn.execute(
+                        text(f"INSERT INTO {effects} VALUES (:k, :t, :w)"),
+                        {"k": key, "t": lease.token, "w": who},
+                    )
+                outcome[who] = "committed"
+            except StaleToken:
+                outcome[who] = "stale"
+
+        threads = [threading.Thread(target=write, args=a) for a in ((old, "old"), (new, "new"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert outcome == {"old": "stale", "new": "committed"}
+        with sql.engine.connect() as conn:
+            rows = conn.execute(text(f"SELECT token, who FROM {effects} WHERE key = :k"), {"k": key}).all()
+        assert [tuple(r) for r in rows] == [(new.token, "new")]
+
+
+def test_a_takeover_waits_for_an_open_fenced_transaction(sql: SQLStore, effects: str) -> None:
+    """The guard locks the lease row: a takeover cannot slip between the check and the commit."""
+    old = sql.acquire("k", "old", TTL)
+    _expire(sql)
+    taken: dict[str, Any] = {}
+    with sql.transaction(old) as conn:
+        conn.execute(text(f"INSERT INTO {effects} VALUES ('k', :t, 'old')"), {"t": old.token})
+        thief = threading.Thread(target=lambda: taken.setdefault("lease", sql.acquire("k", "new", TTL)))
+        thief.start()
+        thief.join(timeout=0.5)
+        assert thief.is_alive(), "the takeover must wait for the fenced transaction"
+    thief.join()
+    events = [(e.event, e.token) for e in sql.history("k")]
+    assert events.index(("write", old.token)) < events.index(("takeover", taken["lease"].token))
+
+
+def test_expiry_is_judged_by_the_statement_clock_not_the_transaction_start(sql: SQLStore) -> None:
+    """PostgreSQL's now() is the transaction's start: a lease that expired meanwhile would look live."""
+    lease = sql.acquire("k", "a", 0.3)
+    with sql.engine.connect() as conn, conn.begin():
+        conn.execute(text("SELECT 1"))  # the transaction starts before the expiry instant
+        deadline = time.monotonic() + 10
+        while conn.execute(sql.q.state, {"key": "k"}).one().expires_in > 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        params = {"key": "k", "owner": "b", "ttl": TTL, "run": None}
+        token = conn.execute(sql.q.acquire, params).scalar()
+    assert token is not None and token > lease.token
+
+
+def _hold_transaction_then_pause(url: str, ready: Any) -> None:
+    store = SQLStore(url, SessionLimits(idle_in_transaction=1.0, lock=1.0, statement=5.0))
+    lease = store.acquire("k", "paused", 0.5)
+    with store.transaction(lease) as conn:
+        conn.execute(text("INSERT INTO fence_test_effects VALUES ('k', :t, 'paused')"), {"t": lease.token})
+        ready.set()
+        time.sleep(60)  # SIGSTOPped here by the test
+
+
+@pytest.mark.parametrize("sql", ["postgresql"], indirect=True)
+def test_a_paused_holder_inside_a_fenced_transaction_does_not_block_a_takeover(
+    sql: SQLStore, effects: str
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold_transaction_then_pause, args=(sql.url, ready))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        os.kill(holder.pid, signal.SIGSTOP)
+        taker = SQLStore(sql.url, SessionLimits(lock=1.0))
+        deadline = time.monotonic() + 30  # far beyond ttl + idle_in_transaction timeout: a poll bound only
+        while True:
+            try:
+                lease = taker.acquire("k", "taker", TTL)
+                break
+            except (LeaseHeld, StoreUnavailable):
+                assert time.monotonic() < deadline, "the paused holder blocked the takeover"
+                time.sleep(0.1)
+        assert [e.event for e in taker.history("k")][-1] == "takeover"
+        with taker.engine.connect() as conn:  # the paused holder's write never committed
+            assert conn.execute(text("SELECT count(*) FROM fence_test_effects")).scalar() == 0
+        taker.complete(lease, "ok")
+        taker.close()
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        os.kill(holder.pid, signal.SIGCONT)
+        holder.join(10)
+
+
+def test_racing_processes_on_one_key(sql: SQLStore, effects: str) -> None:
+    result = race(sql.url, keys=["one"], processes=8, rounds=60)
+    assert result.completions == {"one": 1}
+    result.check_tokens()
+
+
+def test_racing_processes_on_many_keys(sql: SQLStore, effects: str) -> None:
+    keys = [f"key{i}" for i in range(20)]
+    result = race(sql.url, keys=keys, processes=8, rounds=40)
+    assert result.completions == dict.fromkeys(keys, 1)
+    result.check_tokens()
+    history = sql.history()
+    for key in keys:
+        issued = [e.token for e in history if e.key == key and e.event in ("acquire", "takeover")]
+        assert issued == sorted(issued) and len(set(issued)) == len(issued)
+
+
+def test_migrate_is_idempotent(sql: SQLStore) -> None:
+    sql.migrate()
+    sql.migrate()
+    lease = sql.acquire("k", "a", TTL)
+    sql.migrate()
+    assert sql.get("k").token == lease.token
+
+
+def test_tables_created_by_someone_else_are_not_adopted(sql: SQLStore) -> None:
+    with sql.engine.begin() as conn:
+        conn.execute(text("CREATE TABLE fence_leases (key VARCHAR(10) PRIMARY KEY)"))
+    with pytest.raises(ConfigurationError, match="did not create"):
+        sql.acquire("k", "a", TTL)
+
+
+def test_a_rewound_counter_is_refused(sql: SQLStore) -> None:
+    for i in range(10):
+        sql.complete(sql.acquire(f"other{i}", "a", TTL), i)
+    lease = sql.acquire("k", "a", TTL)
+    _expire(sql)
+    with sql.engine.begin() as conn:  # what an async failover or an old backup does to the counter
+        if sql.dialect == "postgresql":
+            conn.execute(text("SELECT setval('fence_token_seq', 1)"))
+        else:
+            conn.execute(text("UPDATE fence_counter SET value = 0"))
+    before = sql.history()
+    with pytest.raises(TokenRewound, match="celery fence advance"):
+        sql.acquire("k", "b", TTL)
+    assert sql.history() == before
+    assert sql.get("k").token == lease.token
+    sql.advance(1000)
+    assert sql.acquire("k", "b", TTL).token > lease.token
+
+
+def test_an_unreachable_server_is_store_unavailable() -> None:
+    store = open_store("postgresql+psycopg://postgres@127.0.0.1:1/nothing?connect_timeout=1")
+    with pytest.raises(StoreUnavailable, match="127.0.0.1:1"):
+        store.acquire("k", "a", TTL)
+    store.close()
