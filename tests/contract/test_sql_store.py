@@ -97,32 +97,35 @@ def test_user_errors_inside_the_transaction_roll_back_and_stay_theirs(sql: SQLSt
     assert "write" not in [e.event for e in sql.history("k")]
 
 
+def _write_racing(sql: SQLStore, effects: str, key: str, writers: dict[str, Any]) -> dict[str, str]:
+    """Start one fenced transaction per writer at the same instant; report who committed."""
+    barrier, outcome = threading.Barrier(len(writers)), {}
+
+    def write(who: str, lease: Any) -> None:
+        barrier.wait()
+        try:
+            with sql.transaction(lease) as conn:
+                row = {"k": key, "t": lease.token, "w": who}
+                conn.execute(text(f"INSERT INTO {effects} VALUES (:k, :t, :w)"), row)
+            outcome[who] = "committed"
+        except StaleToken:
+            outcome[who] = "stale"
+
+    threads = [threading.Thread(target=write, args=item) for item in writers.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcome
+
+
 def test_old_and_new_token_race_only_the_new_commits(sql: SQLStore, effects: str) -> None:
     for round_ in range(10):
         key = f"k{round_}"
         old = sql.acquire(key, "old", TTL)
         _expire(sql)
         new = sql.acquire(key, "new", TTL)
-        barrier, outcome = threading.Barrier(2), {}
-
-        def write(lease: Any, who: str) -> None:
-            barrier.wait()
-            try:
-                with sql.transaction(lease) as conn:
-                    conn.execute(
-                        text(f"INSERT INTO {effects} VALUES (:k, :t, :w)"),
-                        {"k": key, "t": lease.token, "w": who},
-                    )
-                outcome[who] = "committed"
-            except StaleToken:
-                outcome[who] = "stale"
-
-        threads = [threading.Thread(target=write, args=a) for a in ((old, "old"), (new, "new"))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert outcome == {"old": "stale", "new": "committed"}
+        assert _write_racing(sql, effects, key, {"old": old, "new": new}) == {"old": "stale", "new": "committed"}
         with sql.engine.connect() as conn:
             rows = conn.execute(text(f"SELECT token, who FROM {effects} WHERE key = :k"), {"k": key}).all()
         assert [tuple(r) for r in rows] == [(new.token, "new")]
@@ -241,7 +244,7 @@ def test_a_rewound_counter_is_refused(sql: SQLStore) -> None:
         else:
             conn.execute(text("UPDATE fence_counter SET value = 0"))
     before = sql.history()
-    with pytest.raises(TokenRewound, match="celery fence advance"):
+    with pytest.raises(TokenRewound, match=r"celery fence advance"):
         sql.acquire("k", "b", TTL)
     assert sql.history() == before
     assert sql.get("k").token == lease.token
