@@ -65,7 +65,7 @@ class FenceConfig:
             "fence_store_url": self.store_url,
             "fence_lease_ttl": self.policy.ttl if ttl is None else ttl,
             "fence_renew_interval": None if ttl is not None else self.policy.renew_interval,
-            "fence_on_busy": on_busy or self.on_busy,
+            "fence_on_busy": self.on_busy if on_busy is None else on_busy,
             "fence_interrupt": self.interrupt if interrupt is None else interrupt,
             "fence_max_recoveries": self.max_recoveries,
             "fence_send_events": self.send_events,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -82,11 +83,11 @@ class Fence:
         if self._steps is None:
             self._steps = self.store.steps(self.key)
         if name in self._steps:
-            value: T = self._steps[name]
+            value: T = copy.deepcopy(self._steps[name])  # callers may mutate what they get
             return value
         value = codec.loads(codec.dumps(fn(*args, **kwargs)))  # the same value a resumed run will see
         self.store.save_step(self.lease, name, value)
-        self._steps[name] = value
+        self._steps[name] = copy.deepcopy(value)
         return value
 
     def __repr__(self) -> str:

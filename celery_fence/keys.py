@@ -29,9 +29,10 @@ def derive_key(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
     try:
         bound = inspect.signature(task.run).bind(*args, **kwargs)
         bound.apply_defaults()
-        return validate_key(spec.format(**bound.arguments)), False
-    except (KeyError, IndexError, TypeError) as exc:
+        key = spec.format(**bound.arguments)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise ConfigurationError(
             f"{task.name}: fence_key {spec!r} does not fit the task's arguments ({exc!r}); "
             "name the task's parameters in braces, e.g. 'invoice:{invoice_id}'"
         ) from exc
+    return validate_key(key), False

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import FenceError, StoreUnavailable
+from .errors import StoreUnavailable
 from .lease import Lease, LeasePolicy
 from .stores.base import Store
 
@@ -65,9 +65,11 @@ class Renewer:
             by_ttl: dict[float, list[Lease]] = {}
             for lease, tracked in self._leases.items():
                 by_ttl.setdefault(tracked.policy.ttl, []).append(lease)
-        for ttl, leases in by_ttl.items():
-            self._renew(leases, ttl)
-        self._expire_overdue()
+        try:
+            for ttl, leases in by_ttl.items():
+                self._renew(leases, ttl)
+        finally:  # whatever a store raised, overdue leases are still reported lost
+            self._expire_overdue()
 
     def _renew(self, leases: list[Lease], ttl: float) -> None:
         sent_at = self.clock()
@@ -77,7 +79,7 @@ class Renewer:
         except StoreUnavailable as exc:
             log.warning("fence renew of %d leases failed, retrying: %s", len(leases), exc)
             return
-        except FenceError:
+        except Exception:  # an untranslated driver error must not stop the other ttl groups
             log.exception("fence renew of %d leases failed", len(leases))
             return
         for lease in leases:

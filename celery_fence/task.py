@@ -162,6 +162,8 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         if state is not None and (state.token != fence.token or state.done):
             raise Ignore()  # a newer holder owns the key (or finished it): nothing is ours to store
         self._release(runtime, fence.lease)  # only lapsed (or the store is unreachable): run again
+        if self.request.is_eager:
+            raise exc  # apply() has no queue to go back to: the caller sees why
         self._requeue(countdown=0)
 
     def _on_busy(self, held: LeaseHeld, config: FenceConfig, is_task_id: bool) -> Any:

@@ -1,0 +1,249 @@
+"""``celery -A app fence ...``: inspect, verify and administer the app's fence store.
+
+Registered on Celery's ``celery.commands`` entry point (as Flower is); the store is the one the app's
+``fence_store_url`` names. Exit codes: 0 done, 1 ``verify`` found violations (or a prompt was declined),
+2 the command could not run (a bad setting, an unknown key, an unreachable store); errors print one line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import click
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from .errors import FenceError
+from .lease import LeaseState
+from .runtime import runtime_for
+from .stores import Store, scheme_of
+from .verify import read_store, verify
+
+__all__ = ["fence"]
+
+SHOWN_BY_DEFAULT = ("live", "expired", "dead")
+UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+VALUE_WIDTH = 100
+
+
+class FenceCommandError(click.ClickException):
+    """A command that could not run; exit code 2, so ``verify``'s 1 always means "violations"."""
+
+    exit_code = 2
+
+
+@contextmanager
+def _store(ctx: click.Context, *, must_exist: bool = True) -> Iterator[Store]:
+    """The app's store, closed afterwards; every ``FenceError`` becomes a one-line error."""
+    app = getattr(ctx.obj, "app", None)
+    if app is None:
+        raise click.UsageError("run it through Celery: celery -A yourapp fence ...")
+    try:
+        runtime = runtime_for(app)
+        if must_exist:
+            _refuse_missing_sqlite(runtime.config.store_url)
+        try:
+            yield runtime.store
+        finally:
+            runtime.close()
+    except FenceError as exc:
+        raise FenceCommandError(str(exc)) from exc
+
+
+def _refuse_missing_sqlite(url: str) -> None:
+    """Reading a SQLite path that does not exist would create an empty store and report nothing."""
+    if scheme_of(url)[0] != "sqlite":
+        return
+    try:
+        database = make_url(url).database
+    except ArgumentError:
+        return  # the store reports a malformed URL itself
+    if database and not database.startswith("file:") and not Path(database).exists():
+        raise FenceCommandError(
+            f"no fence store at {Path(database).resolve()}: check fence_store_url (a relative path is "
+            "relative to the current directory) or create it with 'celery -A yourapp fence migrate'"
+        )
+
+
+def _duration(_ctx: click.Context, _param: click.Parameter, value: str) -> float:
+    """Seconds, or a number with a unit: ``30s``, ``15m``, ``12h``, ``7d``."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", value)
+    if match is None:
+        raise click.BadParameter(f"{value!r} is not a duration such as 3600, 30s, 15m, 12h or 7d")
+    return float(match.group(1)) * UNITS[match.group(2)]
+
+
+@click.group(name="fence")
+def fence() -> None:
+    """Fenced leases: inspect, verify and administer the app's fence store."""
+
+
+@fence.command()
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Create or upgrade the store's fence_* tables (idempotent)."""
+    with _store(ctx, must_exist=False) as store:
+        store.migrate()
+        click.echo(f"fence schema is up to date on {_safe_url(store.url)}")
+
+
+@fence.command()
+@click.option("--all", "show_all", is_flag=True, help="Also list released and finished keys.")
+@click.pass_context
+def leases(ctx: click.Context, show_all: bool) -> None:
+    """Live and expired leases (and dead keys); --all lists every key."""
+    with _store(ctx) as store:
+        states = [s for s in store.leases() if show_all or _state(s) in SHOWN_BY_DEFAULT]
+    if not states:
+        click.echo("no leases" if show_all else "no live or expired leases (--all lists every key)")
+        return
+    rows = [[s.key, str(s.token), s.owner or "-", _state(s), _seconds(s.expires_in)] for s in states]
+    _table(["KEY", "TOKEN", "OWNER", "STATE", "EXPIRES_IN"], rows)
+
+
+@fence.command()
+@click.argument("key")
+@click.pass_context
+def show(ctx: click.Context, key: str) -> None:
+    """A key's state, its committed steps and its history."""
+    with _store(ctx) as store:
+        state, steps, events = store.get(key), store.steps(key), store.history(key)
+    if state is None and not events:
+        raise FenceCommandError(f"the store knows no key {key!r}")
+    click.echo(f"key      {key}")
+    if state is None:
+        click.echo("state    unknown (pruned)")
+    else:
+        click.echo(f"state    {_state(state)}, token {state.token}, owner {state.owner or '-'}")
+        click.echo(f"expires  {_seconds(state.expires_in)}")
+        if state.done:
+            click.echo(f"result   {_value(state.result)}")
+        if state.dead:
+            click.echo(f"dead     {state.dead}")
+    click.echo(f"steps    {len(steps)}")
+    _table(["NAME", "VALUE"], [[name, _value(value)] for name, value in steps.items()], "  ")
+    click.echo(f"history  {_count(len(events), 'event')}")
+    rows = [[_iso(e.at), e.event, str(e.token), e.owner or "-", e.detail or ""] for e in events]
+    _table(["AT (UTC)", "EVENT", "TOKEN", "OWNER", "DETAIL"], rows, "  ")
+
+
+@fence.command()
+@click.argument("key")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def release(ctx: click.Context, key: str, yes: bool) -> None:
+    """Admin release: bump KEY's token so any holder is fenced out, and free the key."""
+    with _store(ctx) as store:
+        state = store.get(key)
+        if state is None:
+            raise FenceCommandError(f"the store knows no key {key!r}")
+        if not yes:
+            click.confirm(
+                f"Release {key!r} ({_state(state)}, token {state.token}, owner {state.owner or '-'})? "
+                "Its holder's writes will be refused",
+                abort=True,
+            )
+        token = store.force_release(key)
+    click.echo(
+        f"released {key!r}: token is now {token} (was {state.token}); writes with older tokens are refused"
+    )
+    if state.done:
+        click.echo("the key is finished: a new delivery still returns its stored result")
+
+
+@fence.command(name="verify")
+@click.option("--key", help="Check one key only.")
+@click.pass_context
+def verify_command(ctx: click.Context, key: str | None) -> None:
+    """Check the history for fencing violations; exit code 1 if any."""
+    with _store(ctx) as store:
+        events, steps = read_store(store, key)
+    violations = verify(events, steps)
+    for v in violations:
+        at = "" if v.event is None else f"  [{_iso(v.event.at)}]"
+        click.echo(f"{v.key}  {v.rule}: {v.detail}{at}")
+    summary = f"in {_count(len(events), 'event')} over {_count(len(steps), 'key')}"
+    if violations:
+        click.echo(f"{_count(len(violations), 'violation')} {summary}")
+        ctx.exit(1)
+    click.echo(f"no violations {summary}")
+
+
+@fence.command()
+@click.option(
+    "--older-than", callback=_duration, required=True, help="Age of finished keys: 3600, 30s, 15m, 12h, 7d."
+)
+@click.pass_context
+def prune(ctx: click.Context, older_than: float) -> None:
+    """Drop keys finished more than --older-than ago (tokens never go back)."""
+    with _store(ctx) as store:
+        count = store.prune(older_than)
+    click.echo(f"pruned {_count(count, 'finished key')} older than {_seconds(older_than)}")
+
+
+@fence.command()
+@click.option("--gap", type=click.IntRange(min=1), default=1_000_000, show_default=True)
+@click.pass_context
+def advance(ctx: click.Context, gap: int) -> None:
+    """Move the token counter forward by --gap, after a store failover or restore.
+
+    A failover to an asynchronous replica or a restore from backup can move the counter back below tokens
+    already issued; a store that notices refuses to issue tokens (TokenRewound) until this is run.
+    """
+    with _store(ctx) as store:
+        floor = store.advance(gap)
+    click.echo(f"token counter advanced by {gap}: every token issued from now on is above {floor}")
+    click.echo("(run this after a store failover or a restore from backup: either can move the counter back)")
+
+
+def _state(s: LeaseState) -> str:
+    if s.dead:
+        return "dead"
+    if s.done:
+        return "done"
+    if s.expires_in is None:
+        return "released"
+    return "live" if s.expires_in > 0 else "expired"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "") -> None:
+    """Print plain-text columns; nothing at all when there are no rows."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows] if rows else []:
+        click.echo(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _iso(at: float) -> str:
+    moment = datetime.fromtimestamp(at, timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def _value(value: Any) -> str:
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= VALUE_WIDTH else text[: VALUE_WIDTH - 3] + "..."
+
+
+def _safe_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    except ValueError:
+        return "<malformed url>"
+    return urlunsplit(parts._replace(netloc=netloc))

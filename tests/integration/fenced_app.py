@@ -1,0 +1,76 @@
+"""The Celery app the integration tests run in real ``celery worker`` processes (configured by env)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import text
+
+from celery_fence import FencedTask
+
+env = os.environ.get
+app = Celery("fenced_app", broker=env("FENCE_IT_BROKER", "memory://"), backend=env("FENCE_IT_BACKEND"))
+app.conf.update(
+    fence_store_url=env("FENCE_IT_STORE", "memory://"),
+    fence_lease_ttl=float(env("FENCE_IT_TTL", "2")),
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    broker_transport_options={  # restore sweeps every second, so a short visibility_timeout shows
+        "visibility_timeout": float(env("FENCE_IT_VISIBILITY", "3600")),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    },
+    broker_connection_retry_on_startup=True,
+    result_expires=600,
+)
+MARKS = Path(env("FENCE_IT_DIR", "/tmp"))
+INSERT = text("INSERT INTO fence_it_effects (key, token, task_id, pid) VALUES (:k, :t, :id, :pid)")
+
+
+def mark(task: Any, what: str) -> None:
+    """Tell the test where this run is: ``<task id>.<pid>.<what>``."""
+    (MARKS / f"{task.request.id}.{os.getpid()}.{what}").write_text(str(time.time()))
+
+
+def effect(task: Any, item: Any, pause: float) -> dict[str, Any]:
+    mark(task, "started")
+    time.sleep(pause)  # the test pauses, kills or duplicates the run here
+    with task.fence.transaction() as conn:
+        conn.execute(
+            INSERT, {"k": task.fence.key, "t": task.fence.token, "id": task.request.id, "pid": os.getpid()}
+        )
+    mark(task, "wrote")
+    return {"item": item, "token": task.fence.token, "pid": os.getpid()}
+
+
+@app.task(base=FencedTask, bind=True)
+def record(self: Any, item: Any, pause: float = 0.0) -> dict[str, Any]:
+    return effect(self, item, pause)
+
+
+@app.task(base=FencedTask, bind=True, fence_key="item:{item}")
+def record_keyed(self: Any, item: Any, pause: float = 0.0) -> dict[str, Any]:
+    return effect(self, item, pause)
+
+
+@app.task(base=FencedTask, bind=True, autoretry_for=(RuntimeError,), default_retry_delay=0, max_retries=3)
+def flaky(self: Any, item: Any) -> dict[str, Any]:
+    if self.request.retries == 0:
+        mark(self, "failed")
+        raise RuntimeError("first attempt fails")
+    return effect(self, item, 0.0)
+
+
+@app.task(base=FencedTask, bind=True, fence_interrupt=True)
+def sleeper(self: Any, seconds: float) -> str:
+    mark(self, "started")
+    try:
+        time.sleep(seconds)
+    finally:
+        mark(self, "ended")
+    return "slept"

@@ -1,0 +1,238 @@
+"""``celery -A app fence ...`` through the real ``celery`` executable, on a SQLite store in a temp dir."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from celery_fence import StaleToken, open_store
+from celery_fence.lease import Lease
+from tests.conftest import require_server
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CELERY = Path(sys.executable).with_name("celery")
+ISO_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+DONE, LIVE = "invoice:done", "invoice:live"
+TTL = 30.0
+
+APP = """\
+from celery import Celery
+
+app = Celery("cliapp", broker="memory://")
+app.conf.fence_store_url = {url!r}
+"""
+
+
+@dataclass
+class Cli:
+    workdir: Path
+    url: str
+
+    def __call__(
+        self, *args: str, app: str = "cliapp", stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(self.workdir)])}
+        command = [str(CELERY), "-A", app, "fence", *args]
+        return subprocess.run(
+            command,
+            check=False,
+            cwd=self.workdir,
+            env=env,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def store(self) -> Any:
+        return open_store(self.url)
+
+
+@dataclass
+class Scenario:
+    done: Lease  # acquired, stepped, completed
+    old: Lease  # stepped, then expired and taken over; its complete was refused
+    new: Lease  # the live holder of LIVE
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    installed = any(ep.name == "fence" for ep in entry_points(group="celery.commands"))
+    require_server("the 'celery fence' entry point", installed and CELERY.exists(), "run 'pip install -e .'")
+    url = f"sqlite:///{tmp_path / 'fence.db'}"
+    (tmp_path / "cliapp.py").write_text(APP.format(url=url))
+    return Cli(tmp_path, url)
+
+
+@pytest.fixture
+def scenario(cli: Cli) -> Iterator[Scenario]:
+    store = cli.store()
+    try:
+        done = store.acquire(DONE, "host:1:done", TTL)
+        store.save_step(done, "total", 42)
+        store.complete(done, {"charged": 42})
+        old = store.acquire(LIVE, "host:1:old", TTL)
+        store.save_step(old, "total", 7)
+        with store.engine.begin() as conn:  # the old holder paused past its lease
+            conn.execute(
+                text("UPDATE fence_leases SET expires_at = expires_at - 10000 WHERE key = :k"), {"k": LIVE}
+            )
+        new = store.acquire(LIVE, "host:2:new", TTL)
+        with pytest.raises(StaleToken):
+            store.complete(old, "stale")
+        yield Scenario(done, old, new)
+    finally:
+        store.close()
+
+
+def lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return result.stdout.splitlines()
+
+
+def test_migrate_creates_the_schema_and_is_idempotent(cli: Cli) -> None:
+    for _ in range(2):
+        result = cli("migrate")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == f"fence schema is up to date on {cli.url}\n"
+    assert (cli.workdir / "fence.db").exists()
+
+
+def test_reading_a_store_that_does_not_exist_creates_nothing(cli: Cli) -> None:
+    result = cli("leases")
+    assert result.returncode == 2
+    assert "no fence store at" in result.stderr and "fence migrate" in result.stderr
+    assert not (cli.workdir / "fence.db").exists()
+
+
+def test_leases_lists_live_keys_and_all_adds_finished_ones(cli: Cli, scenario: Scenario) -> None:
+    live = cli("leases")
+    assert live.returncode == 0, live.stderr
+    assert lines(live)[0].split() == ["KEY", "TOKEN", "OWNER", "STATE", "EXPIRES_IN"]
+    assert [row.split()[:4] for row in lines(live)[1:]] == [
+        [LIVE, str(scenario.new.token), "host:2:new", "live"]
+    ]
+    every = cli("leases", "--all")
+    assert every.returncode == 0, every.stderr
+    rows = {row.split()[0]: row.split() for row in lines(every)[1:]}
+    assert rows[DONE][1:5] == [str(scenario.done.token), "host:1:done", "done", "-"]
+    assert rows[LIVE][3] == "live"
+
+
+def test_show_prints_state_steps_and_history_in_order(cli: Cli, scenario: Scenario) -> None:
+    result = cli("show", LIVE)
+    assert result.returncode == 0, result.stderr
+    out = lines(result)
+    assert out[0] == f"key      {LIVE}"
+    assert out[1] == f"state    live, token {scenario.new.token}, owner host:2:new"
+    assert "  total  7" in out
+    history = out[out.index("history  4 events") + 2 :]
+    rows = [row.split() for row in history]
+    assert all(ISO_MS.match(row[0]) for row in rows)
+    old, new = str(scenario.old.token), str(scenario.new.token)
+    assert [row[1:] for row in rows] == [
+        ["acquire", old, "host:1:old"],
+        ["step", old, "host:1:old", "total"],
+        ["takeover", new, "host:2:new"],
+        ["refused", old, "host:1:old", "complete"],
+    ]
+    done = lines(cli("show", DONE))
+    assert 'result   {"charged": 42}' in done
+
+
+def test_show_of_an_unknown_key_is_an_error(cli: Cli, scenario: Scenario) -> None:
+    result = cli("show", "invoice:nope")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "Error: the store knows no key 'invoice:nope'"
+
+
+def test_release_fences_out_the_holder(cli: Cli, scenario: Scenario) -> None:
+    declined = cli("release", LIVE, stdin="n\n")
+    assert declined.returncode == 1
+    assert cli.store().get(LIVE).token == scenario.new.token
+    result = cli("release", LIVE, "--yes")
+    assert result.returncode == 0, result.stderr
+    token = int(re.search(r"token is now (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
+    assert token > scenario.new.token
+    store = cli.store()
+    try:
+        with pytest.raises(StaleToken):
+            store.complete(scenario.new, "too late")
+        assert [e.event for e in store.history(LIVE)][-2:] == ["admin-release", "refused"]
+    finally:
+        store.close()
+
+
+def test_verify_passes_a_clean_store_and_names_an_injected_violation(cli: Cli, scenario: Scenario) -> None:
+    clean = cli("verify")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert clean.stdout == "no violations in 7 events over 2 keys\n"
+    store = cli.store()
+    try:
+        with store.engine.begin() as conn:  # the old holder's complete, as if the store had accepted it
+            conn.execute(
+                text(
+                    "INSERT INTO fence_history (key, at, event, token, owner, detail) "
+                    "VALUES (:key, 1900000000.0, 'complete', :token, :owner, NULL)"
+                ),
+                {"key": LIVE, "token": scenario.old.token, "owner": scenario.old.owner},
+            )
+    finally:
+        store.close()
+    dirty = cli("verify")
+    assert dirty.returncode == 1
+    assert lines(dirty) == [
+        f"{LIVE}  stale-write: complete accepted with token {scenario.old.token} after takeover issued "
+        f"token {scenario.new.token}  [2030-03-17T17:46:40.000Z]",
+        "1 violation in 8 events over 2 keys",
+    ]
+    assert cli("verify", "--key", DONE).stdout == "no violations in 3 events over 1 key\n"
+
+
+def test_prune_drops_finished_keys_only(cli: Cli, scenario: Scenario) -> None:
+    assert cli("prune", "--older-than", "1d").stdout == "pruned 0 finished keys older than 86400.0s\n"
+    result = cli("prune", "--older-than", "0s")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "pruned 1 finished key older than 0.0s\n"
+    store = cli.store()
+    try:
+        assert store.get(DONE) is None
+        assert store.get(LIVE) is not None
+    finally:
+        store.close()
+    bad = cli("prune", "--older-than", "soon")
+    assert bad.returncode == 2
+    assert "is not a duration" in bad.stderr
+
+
+def test_advance_moves_the_next_token_past_the_floor(cli: Cli, scenario: Scenario) -> None:
+    result = cli("advance", "--gap", "1000")
+    assert result.returncode == 0, result.stderr
+    floor = int(re.search(r"is above (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
+    assert floor >= scenario.new.token + 1000
+    assert "failover" in result.stdout
+    store = cli.store()
+    try:
+        assert store.acquire("invoice:next", "host:3:next", TTL).token > floor
+    finally:
+        store.close()
+
+
+def test_a_bad_store_url_is_a_one_line_error(cli: Cli) -> None:
+    (cli.workdir / "badapp.py").write_text(APP.format(url="nope://x"))
+    result = cli("leases", app="badapp")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("Error: unknown fence store scheme 'nope'")

@@ -1,0 +1,121 @@
+"""FencedTask on real ``celery worker`` processes: Redis broker, PostgreSQL store (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+import pytest
+
+from .conftest import Cluster
+from .fenced_app import flaky, record, record_keyed, sleeper
+from .workers import marks, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _settled(cluster: Cluster, key: str) -> bool:
+    return any(event == "complete" for event, _ in cluster.events(key))
+
+
+def test_paused_run_is_refused_after_a_takeover(cluster: Cluster) -> None:
+    """SIGSTOP a run past its lease, redeliver its id elsewhere, SIGCONT: only the second run's effect."""
+    a = cluster.worker("a", queues=f"{cluster.queue}-a")
+    cluster.worker("b", queues=f"{cluster.queue}-b")
+    task_id = str(uuid.uuid4())
+    record.apply_async(("paused",), {"pause": 3.0}, task_id=task_id, queue=f"{cluster.queue}-a")
+    ((pid, _),) = wait_for(lambda: marks(cluster.workdir, task_id, "started"), what="first run started")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: cluster.store.get(task_id).expires_in < 0, what="the paused lease to expire")
+        result = record.apply_async(("paused",), {"pause": 0.0}, task_id=task_id, queue=f"{cluster.queue}-b")
+        second = result.get(timeout=30)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: "refused" in [e for e, _ in cluster.events(task_id)], what="the stale run's refusal")
+    first_token = cluster.events(task_id)[0][1]
+    assert second["token"] > first_token
+    assert cluster.effects(task_id) == [(task_id, second["token"], task_id, second["pid"])]
+    assert ("takeover", second["token"]) in cluster.events(task_id)
+    assert ("refused", first_token) in cluster.events(task_id)
+    assert result.state == "SUCCESS" and result.get(timeout=5) == second
+    assert "fence refused" in a.log_text()
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo"])
+def test_concurrent_deliveries_of_one_id_have_one_effect(cluster: Cluster, pool: str) -> None:
+    concurrency = 1 if pool == "solo" else 2
+    cluster.worker("a", pool=pool, concurrency=concurrency)
+    cluster.worker("b", pool=pool, concurrency=concurrency)
+    task_id = str(uuid.uuid4())
+    results = [record.apply_async(("dup",), {"pause": 0.5}, task_id=task_id) for _ in range(20)]
+    wait_for(lambda: _settled(cluster, task_id), what="one completion")
+    assert results[0].get(timeout=60)["item"] == "dup"
+    effects = cluster.effects(task_id)
+    assert len(effects) == 1
+    assert [e for e, _ in cluster.events(task_id)].count("complete") == 1
+
+
+def test_two_task_ids_with_one_fence_key_have_one_effect(cluster: Cluster) -> None:
+    cluster.worker("a", concurrency=2)
+    first = record_keyed.apply_async((7,), {"pause": 0.5})
+    second = record_keyed.apply_async((7,), {"pause": 0.5})
+    assert first.get(timeout=60) == second.get(timeout=60)
+    assert len(cluster.effects("item:7")) == 1
+
+
+def test_a_killed_run_is_taken_over_within_ttl_and_interval(cluster: Cluster) -> None:
+    cluster.worker("a", concurrency=1)
+    cluster.worker("b", concurrency=1)
+    task_id = str(uuid.uuid4())
+    result = record.apply_async(("killed",), {"pause": 60.0}, task_id=task_id)
+    ((pid, _),) = wait_for(lambda: marks(cluster.workdir, task_id, "started"), what="run started")
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)  # acks_late + reject_on_worker_lost: the broker delivers it again
+    wait_for(lambda: marks(cluster.workdir, task_id, "started")[1:], 60, "the redelivered run")
+    record.apply_async(("killed",), {"pause": 0.0}, task_id=task_id)  # and a producer resend
+    wait_for(lambda: _settled(cluster, task_id), 60, "completion")
+    takeover = next(e for e in cluster.store.history(task_id) if e.event == "takeover")
+    print(f"\ntakeover {takeover.at - killed_at:.2f}s after SIGKILL (ttl 2.0s, renew interval 0.67s)")
+    assert len(cluster.effects(task_id)) == 1
+    assert result.get(timeout=30)["item"] == "killed"
+
+
+@pytest.mark.parametrize("cluster", [{"visibility": "2", "ttl": "2"}], indirect=True)
+def test_the_brokers_own_redelivery_is_refused(cluster: Cluster) -> None:
+    """Redis redelivers a run that outlives visibility_timeout while it still runs: absorbed."""
+    cluster.worker("a", concurrency=2)
+    cluster.worker("b", concurrency=2)
+    task_id = str(uuid.uuid4())
+    result = record.apply_async(("slow",), {"pause": 8.0}, task_id=task_id)
+    received = f"record[{task_id}] received"
+    wait_for(lambda: sum(w.log_text().count(received) for w in cluster.workers) >= 2, 60, "a redelivery")
+    assert result.get(timeout=60)["item"] == "slow"
+    assert len(marks(cluster.workdir, task_id, "started")) == 1  # the copy never ran the body
+    assert len(cluster.effects(task_id)) == 1
+    assert [e for e, _ in cluster.events(task_id)].count("complete") == 1
+
+
+@pytest.mark.parametrize("cluster", [{"ttl": "30"}], indirect=True)
+def test_an_exception_releases_the_lease_for_the_retry(cluster: Cluster) -> None:
+    cluster.worker("a")
+    result = flaky.apply_async(("retry",))
+    assert result.get(timeout=30)["item"] == "retry"
+    events = [e.event for e in cluster.store.history(result.id)]
+    assert events[:3] == ["acquire", "release", "acquire"]  # no takeover: nobody waited for the ttl
+    history = cluster.store.history(result.id)
+    print(f"\nretry acquired {history[2].at - history[1].at:.3f}s after the release (ttl 30s)")
+
+
+def test_interrupt_stops_a_sleeping_body_once_the_lease_is_lost(cluster: Cluster) -> None:
+    cluster.worker("a")
+    result = sleeper.apply_async((60.0,))
+    wait_for(lambda: marks(cluster.workdir, result.id, "started"), what="run started")
+    released_at = time.time()
+    cluster.store.force_release(result.id)  # an operator fences the holder out
+    ((_, ended_at),) = wait_for(lambda: marks(cluster.workdir, result.id, "ended"), 30, "the body to stop")
+    print(f"\nbody interrupted {ended_at - released_at:.2f}s after the admin release (interval 0.67s)")
+    wait_for(lambda: "refused" in [e for e, _ in cluster.events(result.id)], what="refusal recorded")
+    assert result.state in ("PENDING", "STARTED")  # refused: nothing stored in the result backend

@@ -1,0 +1,167 @@
+"""FencedTask through eager ``apply()`` on a memory store: the lifecycle of one run, without a worker.
+
+The renewer's thread is never started here (``_ensure_thread`` is a no-op): nothing runs in the background.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_fence import FencedTask, FenceError, LeaseHeld, NotSerializable
+from celery_fence.renewer import Renewer
+from celery_fence.runtime import runtime_for
+from celery_fence.stores.base import Store
+
+
+@pytest.fixture
+def app(monkeypatch: pytest.MonkeyPatch) -> Iterator[Celery]:
+    monkeypatch.setattr(Renewer, "_ensure_thread", lambda self: None)
+    app = Celery("unit", broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.fence_store_url = "memory://"
+    yield app
+    runtime_for(app).close()
+
+
+@pytest.fixture
+def store(app: Celery) -> Store:
+    return runtime_for(app).store
+
+
+def events(store: Store, key: str) -> list[tuple[str, int]]:
+    return [(e.event, e.token) for e in store.history(key)]
+
+
+def test_the_body_sees_its_lease(app: Celery, store: Store) -> None:
+    seen: list[tuple[str, int, Any]] = []
+
+    @app.task(base=FencedTask, bind=True)
+    def double(self: Any, x: int) -> int:
+        seen.append((self.fence.key, self.fence.token, self.request.id))
+        self.fence.check()
+        return x * 2
+
+    result = double.apply((21,), task_id="t-1")
+    assert result.successful() and result.get() == 42
+    assert seen == [("t-1", 1, "t-1")]
+    state = store.get("t-1")
+    assert state is not None and state.done and state.result == 42 and state.expires_in is None
+    assert events(store, "t-1") == [("acquire", 1), ("complete", 1)]
+    assert runtime_for(app).renewer.held() == []  # untracked once the run ended
+
+
+def test_a_finished_key_returns_its_stored_result_unrun(app: Celery, store: Store) -> None:
+    calls: list[int] = []
+
+    @app.task(base=FencedTask, bind=True)
+    def once(self: Any) -> dict[str, int]:
+        calls.append(self.fence.token)
+        return {"run": len(calls)}
+
+    first = once.apply(task_id="dup")
+    second = once.apply(task_id="dup")
+    assert first.get() == second.get() == {"run": 1}
+    assert calls == [1]
+    assert events(store, "dup") == [("acquire", 1), ("complete", 1)]
+
+
+def test_an_exception_releases_the_lease(app: Celery, store: Store) -> None:
+    tokens: list[int] = []
+
+    @app.task(base=FencedTask, bind=True)
+    def boom(self: Any) -> None:
+        tokens.append(self.fence.token)
+        raise ValueError("boom")
+
+    first = boom.apply(task_id="b-1")
+    assert first.failed() and isinstance(first.result, ValueError)
+    state = store.get("b-1")
+    assert state is not None and state.expires_in is None and not state.done
+    second = boom.apply(task_id="b-1")
+    assert second.failed()
+    assert tokens == [1, 2]
+    assert events(store, "b-1") == [("acquire", 1), ("release", 1), ("acquire", 2), ("release", 2)]
+
+
+def test_a_direct_call_runs_unfenced(app: Celery, store: Store) -> None:
+    @app.task(base=FencedTask, bind=True)
+    def plain(self: Any, x: int) -> str:
+        try:
+            self.fence  # noqa: B018
+        except FenceError as exc:
+            return f"{x}: {exc}"
+        return "fenced"
+
+    @app.task(base=FencedTask, bind=True)
+    def needs_fence(self: Any) -> int:
+        return self.fence.token
+
+    answer = plain(3)
+    assert answer.startswith("3: ") and "direct call" in answer
+    with pytest.raises(FenceError, match="without a lease"):
+        needs_fence()
+    assert store.leases() == []
+
+
+def test_an_unserializable_result_fails_and_leaves_the_key_not_done(app: Celery, store: Store) -> None:
+    calls: list[int] = []
+
+    @app.task(base=FencedTask, bind=True)
+    def odd(self: Any) -> set[int]:
+        calls.append(self.fence.token)
+        return {1, 2}
+
+    result = odd.apply(task_id="odd")
+    assert result.failed() and isinstance(result.result, NotSerializable)
+    state = store.get("odd")
+    assert state is not None and not state.done and state.result is None and state.expires_in is None
+    odd.apply(task_id="odd")
+    assert calls == [1, 2]  # not done: the next delivery runs again
+
+
+def test_a_key_template_groups_calls_whose_key_matches(app: Celery, store: Store) -> None:
+    calls: list[tuple[int, str]] = []
+
+    @app.task(base=FencedTask, bind=True, fence_key="invoice:{invoice_id}")
+    def charge(self: Any, invoice_id: int, note: str = "") -> str:
+        calls.append((invoice_id, note))
+        return f"charged {invoice_id} ({note}) with token {self.fence.token}"
+
+    first = charge.apply((1,), {"note": "a"}).get()
+    again = charge.apply((1,), {"note": "b"}).get()
+    other = charge.apply((2,), {"note": "a"}).get()
+    assert first == again == "charged 1 (a) with token 1"
+    assert other == "charged 2 (a) with token 2"
+    assert calls == [(1, "a"), (2, "a")]
+    assert [s.key for s in store.leases()] == ["invoice:1", "invoice:2"]
+
+
+def test_a_held_key_with_on_busy_fail_fails_unrun(app: Celery, store: Store) -> None:
+    calls: list[int] = []
+
+    @app.task(base=FencedTask, bind=True, fence_key="k", fence_on_busy="fail")
+    def busy(self: Any) -> None:
+        calls.append(1)
+
+    holder = store.acquire("k", "someone-else", 30)
+    result = busy.apply()
+    assert result.failed() and isinstance(result.result, LeaseHeld)
+    assert calls == []
+    state = store.get("k")
+    assert state is not None and state.token == holder.token and state.owner == "someone-else"
+
+
+def test_a_superseded_run_stores_nothing(app: Celery, store: Store) -> None:
+    @app.task(base=FencedTask, bind=True, fence_key="k")
+    def superseded(self: Any) -> str:
+        store.force_release(self.fence.key)  # an operator fences this run out while it works
+        return "late"
+
+    result = superseded.apply()
+    assert result.state == "IGNORED"
+    state = store.get("k")
+    assert state is not None and not state.done and state.result is None
+    assert [e for e, _ in events(store, "k")] == ["acquire", "admin-release", "refused"]
