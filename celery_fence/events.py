@@ -18,14 +18,18 @@ __all__ = ["send_fence_event"]
 log = logging.getLogger(__name__)
 
 
-def send_fence_event(task: Any, kind: str, *, always: bool = True, **fields: Any) -> None:
-    """Send ``task-fence-<kind>`` for the current run; ``always=False`` events need the worker's ``-E``."""
-    request = task.request
+def send_fence_event(task: Any, request: Any, kind: str, *, always: bool = True, **fields: Any) -> None:
+    """Send ``task-fence-<kind>`` for ``request`` (captured by the run: the renewer thread sends too).
+
+    ``always=False`` events go out only when the worker sends task events (``-E``).
+    """
     if getattr(request, "is_eager", False) or not getattr(request, "hostname", None):
         return  # not in a worker: nobody is listening
     if not always and not task.app.conf.worker_send_task_events:
         return
+    policy = task.app.conf.task_publish_retry_policy
     try:
-        task.send_event(f"task-fence-{kind}", retry=False, **fields)
+        with task.app.events.default_dispatcher(hostname=request.hostname) as dispatcher:
+            dispatcher.send(f"task-fence-{kind}", uuid=request.id, retry=False, retry_policy=policy, **fields)
     except Exception as exc:  # the broker may be down; the task's outcome must not depend on it
         log.warning("could not send task-fence-%s for %s: %s", kind, request.id, exc)

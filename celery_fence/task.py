@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from celery import Task
 from celery.exceptions import Ignore
+from celery.signals import celeryd_after_setup
 
 from . import codec
 from .config import FenceConfig
@@ -39,6 +40,7 @@ from .keys import derive_key
 from .lease import Lease, new_owner
 from .runtime import FenceRuntime, runtime_for
 from .signals import lease_acquired, lease_lost, write_refused
+from .startup import check_worker_at_start
 
 __all__ = ["FencedTask"]
 
@@ -57,6 +59,11 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     fence_lease_ttl: ClassVar[float | None] = None
     fence_on_busy: ClassVar[str | None] = None
     fence_interrupt: ClassVar[bool | None] = None
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """Check the app's settings when a worker starts (once per process, whatever the number of tasks)."""
+        celeryd_after_setup.connect(check_worker_at_start, weak=False, dispatch_uid="celery_fence.startup")
 
     @property
     def fence(self) -> Fence:
@@ -82,7 +89,9 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         try:
             lease = runtime.store.acquire(key, new_owner(), config.policy.ttl, self._run_info(args, kwargs))
         except AlreadyDone as done:
-            send_fence_event(self, "duplicate", key=key, token=done.token, reason="already done")
+            send_fence_event(
+                self, self.request, "duplicate", key=key, token=done.token, reason="already done"
+            )
             return done.result
         except LeaseHeld as held:
             return self._on_busy(held, config, is_task_id)
@@ -98,17 +107,18 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         kwargs: dict[str, Any],
     ) -> Any:
         fence = Fence(runtime.store, lease)
-        self.request._fence = fence
-        fields = {"key": lease.key, "token": lease.token, "task_id": self.request.id}
+        request = self.request  # the renewer's thread has no request of its own
+        request._fence = fence
+        fields = {"key": lease.key, "token": lease.token, "task_id": request.id}
         lease_acquired.send(sender=self, **fields)
-        send_fence_event(self, "acquired", always=False, key=lease.key, token=lease.token)
+        send_fence_event(self, request, "acquired", always=False, key=lease.key, token=lease.token)
         interrupt = runtime.interrupter.arm(fence) if config.interrupt else None
 
         def on_lost(lost: Lease, reason: str) -> None:
             fence.mark_lost(reason)
             log.warning("fence lease lost: %s token %d (%s): %s", lost.key, lost.token, self.name, reason)
             lease_lost.send(sender=self, reason=reason, **fields)
-            send_fence_event(self, "lost", key=lost.key, token=lost.token, reason=reason)
+            send_fence_event(self, request, "lost", key=lost.key, token=lost.token, reason=reason)
             if interrupt is not None:
                 runtime.interrupter.fire(interrupt, fence)
 
@@ -157,7 +167,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         write_refused.send(
             sender=self, key=fence.key, token=fence.token, task_id=self.request.id, reason=reason
         )
-        send_fence_event(self, "refused", key=fence.key, token=fence.token, exception=reason)
+        send_fence_event(self, self.request, "refused", key=fence.key, token=fence.token, exception=reason)
         state = self._quietly(runtime.store.get, fence.key)
         if state is not None and (state.token != fence.token or state.done):
             raise Ignore()  # a newer holder owns the key (or finished it): nothing is ours to store
@@ -169,10 +179,10 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     def _on_busy(self, held: LeaseHeld, config: FenceConfig, is_task_id: bool) -> Any:
         countdown = config.policy.busy_countdown(held.expires_in)
         if is_task_id:  # a copy of this very task id: absorb it, and come back in case the holder dies
-            send_fence_event(self, "duplicate", key=held.key, token=0, reason=str(held))
+            send_fence_event(self, self.request, "duplicate", key=held.key, token=0, reason=str(held))
             self._requeue(countdown)
         if config.on_busy == "ignore":
-            send_fence_event(self, "duplicate", key=held.key, token=0, reason=str(held))
+            send_fence_event(self, self.request, "duplicate", key=held.key, token=0, reason=str(held))
             raise Ignore()
         if config.on_busy == "fail":
             raise held

@@ -28,8 +28,12 @@ class Cluster:
     queue: str
     workers: list[Worker] = field(default_factory=list)
 
-    def worker(self, name: str, queues: str | None = None, **options: Any) -> Worker:
-        worker = Worker(name, self.env, self.workdir, queues=queues or self.queue, **options)
+    def worker(
+        self, name: str, queues: str | None = None, env: dict[str, str] | None = None, **options: Any
+    ) -> Worker:
+        worker = Worker(
+            name, {**self.env, **(env or {})}, self.workdir, queues=queues or self.queue, **options
+        )
         self.workers.append(worker)
         return worker
 

@@ -17,6 +17,7 @@ app = Celery("fenced_app", broker=env("FENCE_IT_BROKER", "memory://"), backend=e
 app.conf.update(
     fence_store_url=env("FENCE_IT_STORE", "memory://"),
     fence_lease_ttl=float(env("FENCE_IT_TTL", "2")),
+    fence_renew_interval=float(env("FENCE_IT_INTERVAL")) if env("FENCE_IT_INTERVAL") else None,
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,

@@ -1,0 +1,78 @@
+"""The worker's startup check: what cannot work stops the worker; what is merely risky is one warning
+naming the setting to change."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from .config import FenceConfig
+from .errors import ConfigurationError
+from .stores import scheme_of
+
+__all__ = ["check_settings", "check_worker_at_start"]
+
+log = logging.getLogger(__name__)
+
+ETCD_MIN_TTL = 2  # etcd leases are whole seconds, at least this
+
+
+def check_settings(conf: Mapping[str, Any], pool: str = "prefork") -> list[str]:
+    """Warnings for ``conf``; raises ``ConfigurationError`` for settings that cannot work."""
+    config = FenceConfig.from_conf(conf)
+    ttl, warnings = config.policy.ttl, []
+    if scheme_of(config.store_url)[0] == "etcd" and (ttl < ETCD_MIN_TTL or ttl != int(ttl)):
+        warnings.append(f"fence_lease_ttl={ttl}: etcd leases are whole seconds, at least 2; rounded up")
+    visibility = (conf.get("broker_transport_options") or {}).get("visibility_timeout")
+    if visibility is not None and visibility < ttl:
+        warnings.append(
+            f"broker visibility_timeout ({visibility}s) is below fence_lease_ttl ({ttl}s): every run longer "
+            "than it is delivered again; the copies are refused, but raise visibility_timeout above your "
+            "longest task"
+        )
+    if not conf.get("task_acks_late"):
+        warnings.append(
+            "task_acks_late is off: a run whose worker dies is lost with its message; set "
+            "task_acks_late=True, or re-send abandoned runs with 'celery fence recover'"
+        )
+    elif not (conf.get("task_reject_on_worker_lost") or conf.get("task_retry_on_worker_lost")):
+        warnings.append(
+            "task_acks_late without task_reject_on_worker_lost or task_retry_on_worker_lost: a run whose "
+            "worker process dies is acked as failed and never comes back; set one of them"
+        )
+    time_limit = conf.get("task_time_limit")
+    if time_limit is not None and time_limit < ttl:
+        warnings.append(
+            f"task_time_limit ({time_limit}s) is below fence_lease_ttl ({ttl}s): a run killed at its time "
+            "limit keeps its key leased until the ttl passes; lower fence_lease_ttl to retry sooner"
+        )
+    if config.interrupt and pool in ("gevent", "eventlet"):
+        warnings.append(
+            f"fence_interrupt cannot interrupt a {pool} greenlet; bodies stop at self.fence.check()"
+        )
+    return warnings
+
+
+def check_worker_at_start(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """``celeryd_after_setup`` receiver: the worker's main process, logging set up, no child forked yet."""
+    worker = instance if instance is not None else sender
+    app = getattr(worker, "app", None)
+    if app is None or not _has_fenced_tasks(app):
+        return
+    if getattr(worker, "task_events", False):  # -E: let the children send task-fence-acquired too
+        app.conf.worker_send_task_events = True
+    pool = getattr(getattr(worker, "pool_cls", None), "__module__", "").rsplit(".", 1)[-1]
+    try:
+        warnings = check_settings(app.conf, pool)
+    except ConfigurationError as exc:  # Celery's signals swallow exceptions: stop the worker ourselves
+        log.critical("celery-fence: %s", exc)
+        raise SystemExit(f"celery-fence: {exc}") from exc
+    for warning in warnings:
+        log.warning("celery-fence: %s", warning)
+
+
+def _has_fenced_tasks(app: Any) -> bool:
+    from .task import FencedTask
+
+    return any(isinstance(task, FencedTask) for task in app.tasks.values())

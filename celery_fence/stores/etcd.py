@@ -1,0 +1,299 @@
+"""The etcd store (``etcd://host:port[/prefix/]``, prefix ``fence/`` by default) on etcd's v3 JSON gateway.
+
+Per lease key (percent-encoded, so without ``/``) under the prefix: ``lock/<key>`` on the process's etcd
+lease, there iff the lease is live, its ``create_revision`` the token (the acquiring ``Txn``'s revision);
+``state/<key>`` (owner, run), put only by acquire and force_release, so its ``mod_revision`` is the latest
+token; ``held/<key>`` from acquire to release, complete or force_release (held but no lock: expired, the next
+acquire is a takeover); ``done/<key>`` (token, result, finished_at); ``steps/<key>/<name>``;
+``history/<key>/<uuid>``, in ``create_revision`` order; ``meta/offset`` (:meth:`EtcdStore.advance`).
+
+Round trips: every operation is one ``Txn`` comparing the lock's ``create_revision`` (plus a put of the
+``refused`` event when refused). acquire adds a grant or keep-alive when the process's etcd lease is missing
+or not refreshed within a twentieth of the ttl; renew of any number of leases is a ``Txn`` and a keep-alive.
+
+Honest limits: an expired lease's lock is gone, so renewing or completing an expired, untaken lease fails
+(``get`` shows it with ``expires_in == 0.0``). etcd leases are whole seconds, at least 2: a ttl is rounded up;
+one etcd lease per process, store handle and distinct ttl, whose keep-alive extends every lock on it to the
+acquire's ttl. ``HistoryEvent.at`` is the writer's wall clock (etcd answers carry none), made non-decreasing
+in revision order when read: the order is the store's, ``at`` is for people; ``prune`` trusts the completing
+worker's clock too. A snapshot restore without ``--bump-revision`` (etcd 3.4 has none) rewinds revisions,
+hence tokens: run ``advance`` with a gap above the lost revisions before workers start. Debian's etcd 3.4.23
+predates the fix for etcd #17780 (revision decrease). Plain HTTP to one endpoint: no TLS, auth or failover.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+from urllib.parse import quote, unquote
+
+from .. import codec
+from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken, StoreUnavailable
+from ..lease import HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from . import etcd_gateway as etcd
+from .etcd_gateway import KV, Op, TxnResult
+from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
+
+__all__ = ["EtcdStore"]
+
+T = TypeVar("T")
+_KINDS = ("state", "lock", "held", "done")  # per-key records, in the order a read returns them
+_ATTEMPTS = 5  # a Txn spoiled by an advance or by its etcd lease running out is tried again this often
+_MAX_OPS = 128  # etcd's default --max-txn-ops
+_TIMEOUT = (3.0, 5.0)  # seconds to connect, to read an answer
+
+
+class EtcdStore:
+    """Lease store on etcd; see :class:`celery_fence.stores.base.Store` and this module's limits."""
+
+    def __init__(self, url: str, prefix: str | None = None, timeout: tuple[float, float] = _TIMEOUT) -> None:
+        netloc, self.prefix = etcd.parse_url(url, prefix)
+        self.url = f"etcd://{netloc}/{quote(self.prefix)}"  # names the same keys in any process
+        self.gw = etcd.Gateway(f"http://{netloc}", timeout)
+        self.etcd_leases = etcd.ProcessLeases(self.gw)
+        self._offset_key, self._epochs = f"{self.prefix}meta/offset", etcd.Epochs()
+
+    def migrate(self) -> None:
+        """Nothing to create; checks that the gateway answers."""
+        self._read([])
+
+    def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
+        validate_key(key)
+        seconds = etcd.lease_seconds(validate_ttl(ttl))
+        state = json.dumps(
+            {"owner": owner, "run": None if run is None else codec.dumps(dict(run)), "dead": None}
+        )
+        return self._retry(f"acquire({key!r})", lambda: self._acquire(key, owner, seconds, state))
+
+    def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
+        leases = check_leases(leases)
+        seconds = etcd.lease_seconds(validate_ttl(ttl))
+        if not leases:
+            return []
+        locks = self._locks(leases)
+        current = {lease for lease in leases if self._holds(locks.get(lease.key), lease)}
+        for lease_id in {locks[lease.key].lease for lease in current}:  # usually just this process's
+            if not self.etcd_leases.keepalive(seconds, lease_id):  # 200 without a TTL: revoked, expired
+                current = {lease for lease in current if locks[lease.key].lease != lease_id}
+        lost = [lease for lease in leases if lease not in current]
+        self._log([self._event(lease, "renew-failed") for lease in lost])
+        return lost
+
+    def complete(self, lease: Lease, result: Any) -> None:
+        check_lease(lease)
+        done = {"token": lease.token, "result": codec.dumps(result), "finished_at": time.time()}
+        ops = [*self._free(lease.key), etcd.put(self._k("done", lease.key), json.dumps(done))]
+        answer = self._fenced(lease, [], [*ops, self._event(lease, "complete")])
+        if not answer.succeeded:
+            self._stale(lease, "complete", answer)
+
+    def release(self, lease: Lease) -> None:
+        check_lease(lease)
+        self._fenced(lease, [], [*self._free(lease.key), self._event(lease, "release")])  # stale: nothing
+
+    def save_step(self, lease: Lease, name: str, value: Any) -> None:
+        check_lease(lease)
+        step = self._k("steps", lease.key) + "/" + quote(check_step_name(name), safe="")
+        ops = [etcd.put(step, codec.dumps(value)), self._event(lease, "step", name)]
+        answer = self._fenced(lease, [etcd.created(step, 0)], ops)
+        if not answer.succeeded and not self._holds(answer.first(2), lease):
+            self._stale(lease, f"step {name}", answer)
+        if not answer.succeeded:
+            raise InvalidArgument(f"step {name!r} of key {lease.key!r} is already committed")
+
+    def steps(self, key: str) -> dict[str, Any]:
+        found = self._read([etcd.get(self._k("steps", validate_key(key)) + "/", prefix=True)]).kvs(1)
+        return {unquote(kv.key.rsplit("/", 1)[1]): codec.loads(kv.value) for kv in sorted(found, key=_order)}
+
+    def refuse(self, lease: Lease, what: str) -> None:
+        self._log([self._event(check_lease(lease), "refused", what)])
+
+    def get(self, key: str) -> LeaseState | None:
+        states = self._states([etcd.get(self._k(kind, validate_key(key))) for kind in _KINDS])
+        return states[0] if states else None
+
+    def leases(self) -> list[LeaseState]:
+        return self._states([etcd.get(self._k(kind), prefix=True) for kind in _KINDS])
+
+    def history(self, key: str | None = None) -> list[HistoryEvent]:
+        start = self._k("history") if key is None else self._k("history", validate_key(key)) + "/"
+        events, at = [], -math.inf
+        for kv in sorted(self._read([etcd.get(start, prefix=True)]).kvs(1), key=_order):
+            e = json.loads(kv.value)
+            at = max(at, e["at"])
+            token = self._epochs.token(kv.create) if e["token"] is None else e["token"]
+            events.append(HistoryEvent(at, e["event"], token, e["owner"], e["detail"], key=e["key"]))
+        return events
+
+    def force_release(self, key: str) -> int:
+        validate_key(key)
+        return self._retry(f"force_release({key!r})", lambda: self._force_release(key))
+
+    def prune(self, older_than: float) -> int:
+        cutoff = time.time() - check_age(older_than)
+        finished = self._read([etcd.get(self._k("done"), prefix=True)]).kvs(1)
+        old = [kv for kv in finished if json.loads(kv.value)["finished_at"] <= cutoff]
+        return sum(self.gw.txn([etcd.created(kv.key, kv.create)], self._wipe(kv)).succeeded for kv in old)
+
+    def advance(self, gap: int) -> int:
+        """Raise the token offset by ``gap``: tokens are revisions plus an offset (etcd 3.4 cannot bump its
+        revision), and every ``Txn`` compares the offset key, so none issues or checks a token with a stale
+        one. Returns the floor: at least ``gap`` above every token issued before, below every later one."""
+        check_gap(gap)
+        return self._retry(f"advance({gap})", lambda: self._advance(gap))
+
+    def close(self) -> None:
+        """Close the HTTP session; the etcd leases run out by their ttl. Idempotent."""
+        self.gw.close()
+
+    # -- one attempt of each racy operation --
+
+    def _acquire(self, key: str, owner: str, seconds: int, state: str) -> Lease | None:
+        epochs, lease_id = self._epochs, self.etcd_leases.lease_for(seconds)
+        k = {kind: self._k(kind, key) for kind in _KINDS}
+        events = [self._event(Lease(key, 0, owner), name) for name in ("acquire", "takeover")]
+        compare = [etcd.created(k["lock"], 0), etcd.created(k["done"], 0), self._offset_is(epochs)]
+        log = etcd.nested([etcd.created(k["held"], 0)], events[:1], events[1:])  # acquire, else takeover
+        puts = [etcd.put(k["held"], ""), etcd.put(k["state"], state), etcd.put(k["lock"], owner, lease_id)]
+        try:
+            result = self.gw.txn(
+                compare, [log, *puts], [etcd.get(self._offset_key), *map(etcd.get, k.values())]
+            )
+        except etcd.LeaseNotFound:  # the process's etcd lease ran out: grant another
+            self.etcd_leases.forget(seconds, lease_id)
+            return None
+        if result.succeeded:
+            return Lease(key, epochs.token(result.revision), owner)
+        return None if self._moved(result, epochs) else self._busy(key, owner, result)
+
+    def _busy(self, key: str, owner: str, failed: TxnResult) -> Lease | None:
+        """Why an acquire failed: ``AlreadyDone``, ``LeaseHeld``, our own lease, or ``None`` (try again)."""
+        state, lock, _, done = (failed.first(i + 1) for i in range(len(_KINDS)))
+        if done is not None:
+            finished = json.loads(done.value)
+            token = finished["token"] if state is None else self._epochs.token(state.mod)
+            raise AlreadyDone(key, token, codec.loads(finished["result"]))
+        if lock is not None and lock.value == owner:  # our own acquire committed; its reply was lost
+            return Lease(key, self._epochs.token(lock.create), owner)
+        left = -1 if lock is None else self.gw.time_to_live(lock.lease)
+        if lock is None or left < 0:  # it expired just now
+            return None
+        raise LeaseHeld(key, lock.value, float(left))
+
+    def _fenced(self, lease: Lease, compare: list[Op], success: list[Op]) -> TxnResult:
+        """Run ``success`` iff the token is current; a failed answer holds the offset, state and lock."""
+        lock = self._k("lock", lease.key)
+        failure = [etcd.get(self._offset_key), etcd.get(self._k("state", lease.key)), etcd.get(lock)]
+
+        def attempt() -> TxnResult | None:
+            epochs = self._epochs
+            guard = [etcd.created(lock, epochs.revision(lease.token)), self._offset_is(epochs), *compare]
+            result = self.gw.txn(guard, success, failure)
+            return None if not result.succeeded and self._moved(result, epochs) else result
+
+        return self._retry(f"a write of {lease.key!r}", attempt)
+
+    def _force_release(self, key: str) -> int | None:
+        state, epochs = self._read([etcd.get(self._k("state", key))]).first(1), self._epochs
+        if state is None:
+            raise InvalidArgument(f"no lease for key {key!r}")
+        info = json.dumps({**json.loads(state.value), "owner": None})
+        ops = [etcd.put(state.key, info), *self._free(key), self._event(Lease(key, 0, ""), "admin-release")]
+        result = self.gw.txn([etcd.modified(state.key, state.mod), self._offset_is(epochs)], ops)
+        return epochs.token(result.revision) if result.succeeded else None
+
+    def _advance(self, gap: int) -> int | None:
+        self._read([])
+        epochs = self._epochs
+        offset, value = epochs.advanced(gap)
+        result = self.gw.txn([self._offset_is(epochs)], [etcd.put(self._offset_key, value)])
+        if not result.succeeded:
+            return None
+        self._read([])
+        return result.revision + offset
+
+    def _retry(self, what: str, attempt: Callable[[], T | None]) -> T:
+        for _ in range(_ATTEMPTS):
+            if (value := attempt()) is not None:
+                return value
+        raise StoreUnavailable(f"etcd at {self.gw.base_url} kept changing under {what}; try again")
+
+    def _k(self, kind: str, key: str | None = None) -> str:
+        return f"{self.prefix}{kind}/" if key is None else f"{self.prefix}{kind}/{quote(key, safe='')}"
+
+    def _offset_is(self, epochs: etcd.Epochs) -> Op:
+        return etcd.modified(self._offset_key, epochs.mod)
+
+    def _moved(self, failed: TxnResult, epochs: etcd.Epochs) -> bool:
+        """Whether an advance moved the offset since ``epochs`` was read (the cache is then refreshed)."""
+        self._epochs = etcd.Epochs.load(failed.first(0))
+        return self._epochs.mod != epochs.mod
+
+    def _stale(self, lease: Lease, what: str, failed: TxnResult) -> None:
+        state = failed.first(1)
+        self._log([self._event(lease, "refused", what)])
+        current = None if state is None else self._epochs.token(state.mod)
+        raise StaleToken(lease.key, lease.token, current, what)
+
+    def _holds(self, lock: KV | None, lease: Lease) -> bool:
+        return lock is not None and lock.create == self._epochs.revision(lease.token)
+
+    def _locks(self, leases: Sequence[Lease]) -> dict[str, KV]:
+        keys = sorted({lease.key for lease in leases})
+        if len(keys) < _MAX_OPS:
+            ranges = [etcd.get(self._k("lock", key), keys_only=True) for key in keys]
+        else:  # one range over every lock of the store beats ceil(n / 127) round trips
+            ranges = [etcd.get(self._k("lock"), prefix=True, keys_only=True)]
+        result, start = self._read(ranges), len(self._k("lock"))
+        return {unquote(kv.key[start:]): kv for i in range(len(ranges)) for kv in result.kvs(i + 1)}
+
+    def _read(self, ranges: list[Op]) -> TxnResult:
+        """One read of ``ranges`` (answers from index 1) with the offset key, which refreshes the cache."""
+        result = self.gw.txn([], [etcd.get(self._offset_key), *ranges])
+        self._epochs = etcd.Epochs.load(result.first(0))
+        return result
+
+    def _states(self, ranges: list[Op]) -> list[LeaseState]:
+        """The states read by ``ranges`` (one per kind of record), with the time left on live locks."""
+        result, by_key = self._read(ranges), dict[str, dict[str, KV]]()
+        for i, kind in enumerate(_KINDS):
+            for kv in result.kvs(i + 1):
+                by_key.setdefault(unquote(kv.key[len(self._k(kind)) :]), {})[kind] = kv
+        ids = {found["lock"].lease for found in by_key.values() if "lock" in found}
+        ttls = {lease_id: self.gw.time_to_live(lease_id) for lease_id in ids}
+        return [self._state(key, found, ttls) for key, found in sorted(by_key.items()) if "state" in found]
+
+    def _state(self, key: str, found: Mapping[str, KV], ttls: Mapping[int, int]) -> LeaseState:
+        info, done, lock = json.loads(found["state"].value), found.get("done"), found.get("lock")
+        expires_in = None if lock is None and "held" not in found else 0.0  # 0.0: expired, not taken over
+        if lock is not None:
+            expires_in = max(0.0, float(ttls.get(lock.lease, 0)))
+        result = None if done is None else codec.loads(json.loads(done.value)["result"])
+        token = self._epochs.token(found["state"].mod)
+        return LeaseState(key, token, info["owner"], expires_in, done is not None, result, info.get("dead"))
+
+    def _free(self, key: str) -> list[Op]:
+        return [etcd.delete(self._k("lock", key)), etcd.delete(self._k("held", key))]
+
+    def _wipe(self, done: KV) -> list[Op]:
+        key = unquote(done.key[len(self._k("done")) :])
+        deletes = [etcd.delete(self._k(kind, key)) for kind in _KINDS]
+        return [*deletes, etcd.delete(self._k("steps", key) + "/", prefix=True)]
+
+    def _event(self, lease: Lease, event: str, detail: str | None = None) -> Op:
+        """A history put. Token 0: the revision of its own ``Txn`` (acquire, takeover); owner "": none."""
+        token, owner = lease.token or None, lease.owner or None
+        value = dict(key=lease.key, event=event, token=token, owner=owner, detail=detail, at=time.time())
+        return etcd.put(f"{self._k('history', lease.key)}/{uuid.uuid4().hex}", json.dumps(value))
+
+    def _log(self, events: list[Op]) -> None:
+        for start in range(0, len(events), _MAX_OPS):
+            self.gw.txn([], events[start : start + _MAX_OPS])
+
+
+def _order(kv: KV) -> tuple[int, str]:
+    return kv.create, kv.key

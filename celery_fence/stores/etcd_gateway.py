@@ -1,0 +1,299 @@
+"""The etcd client of the etcd store: etcd's v3 JSON gateway (etcd >= 3.4 serves it at ``/v3/`` on the client
+port; 3.3's ``/v3beta/`` is not supported), the process's etcd leases and the token offset (:class:`Epochs`).
+
+Every ``requests`` and HTTP error is translated in :meth:`Gateway.call`, the one boundary: no answer or a
+transient gRPC code -> ``StoreUnavailable``; an answer that is not the gateway's JSON (404 without the
+gateway, 501 from another server) or etcd auth -> ``ConfigurationError``; ``requested lease not found`` ->
+:class:`LeaseNotFound`; any other refusal (over ``--max-request-bytes``...) -> ``InvalidArgument``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import requests
+
+from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable
+
+__all__ = [
+    "KV",
+    "Epochs",
+    "Gateway",
+    "LeaseNotFound",
+    "ProcessLeases",
+    "TxnResult",
+    "lease_seconds",
+    "parse_url",
+]
+
+Op = dict[str, Any]
+_TRANSIENT = {1, 2, 4, 10, 13, 14}  # gRPC Canceled, Unknown, DeadlineExceeded, Aborted, Internal, Unavailable
+_AUTH = {7, 16}  # gRPC PermissionDenied, Unauthenticated
+_BAD_GATEWAY = {502, 503, 504}  # a proxy in front of etcd: transient
+_FRESH = 0.05  # keep an etcd lease alive before attaching a lock once this share of its ttl has passed
+
+
+class LeaseNotFound(FenceError):
+    """The etcd lease named in a request expired or was revoked (internal to the etcd store)."""
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _range(key: str, prefix: bool) -> dict[str, str]:
+    if not prefix:
+        return {"key": _b64(key)}
+    raw = key.encode()  # a prefix ends with "/": its successor never overflows
+    return {"key": _b64(key), "range_end": base64.b64encode(raw[:-1] + bytes([raw[-1] + 1])).decode()}
+
+
+@dataclass(frozen=True)
+class KV:
+    key: str
+    value: str
+    create: int  # create_revision
+    mod: int  # mod_revision
+    lease: int  # 0: attached to no etcd lease
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> KV:
+        value = base64.b64decode(raw.get("value", "")).decode()
+        fields = (int(raw.get(name, 0)) for name in ("create_revision", "mod_revision", "lease"))
+        return cls(base64.b64decode(raw["key"]).decode(), value, *fields)
+
+
+@dataclass(frozen=True)
+class TxnResult:
+    succeeded: bool
+    revision: int  # the store's revision after the Txn: the Txn's own revision when it wrote
+    responses: list[Op] = field(default_factory=list)
+
+    def kvs(self, index: int) -> list[KV]:
+        """The key-values of the range at ``index`` of the branch that ran."""
+        return [KV.parse(kv) for kv in self.responses[index].get("response_range", {}).get("kvs", [])]
+
+    def first(self, index: int) -> KV | None:
+        return next(iter(self.kvs(index)), None)
+
+    def nested(self, index: int) -> TxnResult:
+        inner = self.responses[index]["response_txn"]
+        return TxnResult(bool(inner.get("succeeded")), self.revision, inner.get("responses", []))
+
+
+def put(key: str, value: str, lease: int = 0) -> Op:
+    body = {"key": _b64(key), "value": _b64(value)}
+    return {"request_put": {**body, "lease": str(lease)} if lease else body}
+
+
+def get(key: str, *, prefix: bool = False, keys_only: bool = False) -> Op:
+    return {"request_range": {**_range(key, prefix), "keys_only": keys_only}}
+
+
+def delete(key: str, *, prefix: bool = False) -> Op:
+    return {"request_delete_range": _range(key, prefix)}
+
+
+def nested(compare: Sequence[Op], success: Sequence[Op], failure: Sequence[Op] = ()) -> Op:
+    return {"request_txn": {"compare": list(compare), "success": list(success), "failure": list(failure)}}
+
+
+def created(key: str, revision: int) -> Op:  # revision 0: the key does not exist
+    return {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(revision)}
+
+
+def modified(key: str, revision: int) -> Op:  # revision 0: the key does not exist
+    return {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}
+
+
+def parse_url(url: str, prefix: object = None) -> tuple[str, str]:
+    """``etcd://host:port/prefix/`` -> ``("host:port", "prefix/")``: port 2379, prefix ``fence/`` by default;
+    a ``prefix`` given apart wins over the URL's."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or 2379
+    except ValueError as exc:
+        raise ConfigurationError(f"bad port in etcd store URL {url!r}: {exc}") from exc
+    if parts.scheme != "etcd" or not parts.hostname or parts.username or parts.query or parts.fragment:
+        raise ConfigurationError(f"an etcd store URL is etcd://host:2379[/prefix/], got {url!r}")
+    prefix = prefix if prefix is not None else unquote(parts.path.lstrip("/")) or "fence/"
+    if not isinstance(prefix, str) or not prefix.strip("/"):
+        raise ConfigurationError(f"an etcd key prefix is a non-empty str such as 'fence/', got {prefix!r}")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{host}:{port}", prefix if prefix.endswith("/") else f"{prefix}/"
+
+
+class Gateway:
+    """HTTP client of one etcd endpoint; its ``requests.Session`` is created lazily per process."""
+
+    def __init__(self, base_url: str, timeout: tuple[float, float] = (3.0, 5.0)) -> None:
+        self.base_url, self.timeout = base_url.rstrip("/"), timeout
+        self._session: requests.Session | None = None
+        self._pid = 0
+
+    def session(self) -> requests.Session:
+        if self._session is None or self._pid != os.getpid():  # never share a socket across fork
+            self._session, self._pid = requests.Session(), os.getpid()
+        return self._session
+
+    def close(self) -> None:
+        if self._session is not None and self._pid == os.getpid():
+            self._session.close()
+        self._session = None
+
+    def txn(self, compare: Sequence[Op], success: Sequence[Op], failure: Sequence[Op] = ()) -> TxnResult:
+        answer = self.call("/kv/txn", {"compare": compare, "success": success, "failure": failure})
+        revision = int(answer.get("header", {}).get("revision", 0))
+        return TxnResult(bool(answer.get("succeeded")), revision, answer.get("responses", []))
+
+    def grant(self, ttl: int) -> int:
+        return int(self.call("/lease/grant", {"TTL": str(ttl)})["ID"])
+
+    def keepalive(self, lease_id: int) -> int:
+        """Seconds the lease now has; 0 when it is gone (the gateway then answers 200 without a TTL)."""
+        return int(self.call("/lease/keepalive", {"ID": str(lease_id)}).get("result", {}).get("TTL", 0))
+
+    def time_to_live(self, lease_id: int) -> int:
+        """Seconds the lease has left; -1 when it is gone."""
+        return int(self.call("/lease/timetolive", {"ID": str(lease_id)}).get("TTL", -1))
+
+    def revoke(self, lease_id: int) -> None:
+        with contextlib.suppress(LeaseNotFound):  # already gone
+            self.call("/lease/revoke", {"ID": str(lease_id)})
+
+    def call(self, path: str, body: Op) -> Op:
+        try:
+            response = self.session().post(f"{self.base_url}/v3{path}", json=body, timeout=self.timeout)
+            text = response.text
+        except requests.RequestException as exc:
+            raise StoreUnavailable(
+                f"etcd at {self.base_url} did not answer ({type(exc).__name__}: {exc}); check that etcd runs "
+                "and that its --listen-client-urls and --advertise-client-urls include this address"
+            ) from exc
+        answer = _parse(text)
+        if response.status_code == requests.codes.ok and answer is not None and "code" not in answer:
+            return answer
+        raise _error(self.base_url, path, response.status_code, answer, text)
+
+
+def _parse(text: str) -> Op | None:
+    """The first JSON object of a gateway answer (a streamed answer is one object per line)."""
+    try:
+        answer = json.loads(text.strip().split("\n", 1)[0])
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def _error(base: str, path: str, status: int, answer: Op | None, text: str) -> FenceError:
+    if answer is None or "code" not in answer:
+        if status in _BAD_GATEWAY:
+            return StoreUnavailable(f"etcd at {base} is unavailable (HTTP {status} on /v3{path})")
+        return ConfigurationError(
+            f"{base} is not etcd's v3 JSON gateway (HTTP {status} on /v3{path}: {text[:60]!r}): the etcd "
+            "store needs etcd >= 3.4, which serves it at /v3/ on its client port; check the URL's host, port"
+        )
+    code, message = int(answer["code"]), str(answer.get("message") or answer.get("error"))
+    if "lease not found" in message:
+        return LeaseNotFound(message)
+    if code in _TRANSIENT:
+        return StoreUnavailable(f"etcd at {base} could not serve /v3{path}: {message}")
+    if code in _AUTH:
+        return ConfigurationError(f"etcd at {base} requires authentication; celery-fence does not support it")
+    return InvalidArgument(f"etcd at {base} refused /v3{path}, nothing was written: {message}")
+
+
+@dataclass(frozen=True)
+class Epochs:
+    """Token = revision + the offset of its epoch; each advance starts one at the revision that wrote it."""
+
+    mod: int = 0  # 0: never advanced
+    offset: int = 0
+    earlier: tuple[tuple[int, int], ...] = ()  # (start, offset) of the former epochs
+
+    @classmethod
+    def load(cls, kv: KV | None) -> Epochs:
+        if kv is None:
+            return cls()
+        data = json.loads(kv.value)
+        return cls(kv.mod, int(data["offset"]), tuple((int(s), int(o)) for s, o in data["earlier"]))
+
+    def advanced(self, gap: int) -> tuple[int, str]:
+        earlier = [*self.earlier, (self.mod, self.offset)] if self.mod else list(self.earlier)
+        return self.offset + gap, json.dumps({"offset": self.offset + gap, "earlier": earlier})
+
+    def token(self, revision: int) -> int:
+        epochs = [(self.mod, self.offset), *reversed(self.earlier)]
+        return next((revision + off for start, off in epochs if revision > start), revision)
+
+    def revision(self, token: int) -> int:
+        epochs = [(self.mod, self.offset), *reversed(self.earlier)]
+        return next((token - off for start, off in epochs if token - off > start), token)
+
+
+def lease_seconds(ttl: float) -> int:
+    """etcd leases are whole seconds, at least 2: a ttl is rounded up."""
+    return max(2, math.ceil(ttl))
+
+
+class ProcessLeases:
+    """One etcd lease per process and ttl in whole seconds; a forked child starts with none of its own."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw, self._lock, self._pid = gateway, threading.Lock(), os.getpid()
+        self._leases: dict[int, tuple[int, float]] = {}  # seconds: id, time.monotonic() of its last refresh
+
+    def lease_for(self, seconds: int) -> int:
+        """The etcd lease for a new lock, kept alive first unless just done: the lock lives its ttl."""
+        lease_id, refreshed = self._get(seconds)
+        if (
+            lease_id
+            and time.monotonic() - refreshed > seconds * _FRESH
+            and not self.keepalive(seconds, lease_id)
+        ):
+            lease_id = 0
+        if not lease_id:
+            sent, lease_id = time.monotonic(), self.gw.grant(seconds)
+            with self._lock:
+                self._leases[seconds] = (lease_id, sent)
+        return lease_id
+
+    def keepalive(self, seconds: int, lease_id: int) -> bool:
+        """Keep ``lease_id`` alive; forget it when etcd says it is gone (the answer has no TTL > 0)."""
+        sent, alive = time.monotonic(), self.gw.keepalive(lease_id) > 0
+        with self._lock:
+            ours = self._leases.get(seconds, (0, 0.0))
+            if ours[0] == lease_id and alive:
+                self._leases[seconds] = (lease_id, max(ours[1], sent))
+            elif ours[0] == lease_id:
+                del self._leases[seconds]
+        return alive
+
+    def forget(self, seconds: int, lease_id: int) -> None:
+        with self._lock:
+            if self._leases.get(seconds, (0, 0.0))[0] == lease_id:
+                del self._leases[seconds]
+
+    def revoke_all(self) -> None:
+        """Revoke this process's etcd leases: every lock attached to them is gone at once."""
+        self._get(0)
+        with self._lock:
+            leases, self._leases = list(self._leases.values()), {}
+        for lease_id, _ in leases:
+            self.gw.revoke(lease_id)
+
+    def _get(self, seconds: int) -> tuple[int, float]:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid, self._leases = os.getpid(), {}
+            return self._leases.get(seconds, (0, 0.0))

@@ -1,0 +1,297 @@
+"""The Redis store (``redis://``, ``rediss://``, redis-py): every operation is one Lua script.
+
+Each script is ``lua/<operation>.lua`` with ``lua/common.lua`` prepended, run by ``EVALSHA`` (redis-py's
+``Script``: ``NOSCRIPT`` loads it and retries once); acquire, renew (up to 10,000 leases), complete,
+release, save_step and refuse are one round trip each. Tokens come from ``INCR`` of one counter; expiry
+is judged by the server's ``TIME`` against a deadline in the key's lease hash, which never expires (a
+finished key keeps its result; an expired lease nobody took over stays current). Keys, under one prefix
+(``fence:``, or ``?prefix=`` in the URL): ``counter``, ``lease:{<key>}``, ``steps:{<key>}``,
+``history:{<key>}``, ``history`` (all keys' events), ``high``, ``keys`` and ``done`` (indexes).
+
+Honest limits. One primary: no Redis Cluster (every acquire touches the one counter and the global
+history); Sentinel or replica failover is asynchronous and can lose acknowledged writes (results, issued
+tokens). A restart without persistence, the ``everysec`` fsync window, a failover or an evicted counter
+(use ``maxmemory-policy noeviction``) move the counter back. Scripts refuse (``TokenRewound``, nothing
+written) a token not above the key's stored token, the last token in the global history, or a token a
+client presented above the counter (``high``); so after an empty restart tokens start again at 1 until a
+returning holder shows its token. Run ``celery fence advance`` after any of these. Tokens are exact below
+2**53 (Lua doubles). No driver retries (a script could run twice): a failed call is ``StoreUnavailable``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.connection import URL_QUERY_ARGUMENT_PARSERS
+from redis.exceptions import NoPermissionError
+from redis.retry import Retry
+
+from .. import codec, errors
+from ..lease import HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
+
+__all__ = ["RedisStore"]
+
+T = TypeVar("T")
+RENEW_BATCH = 10_000  # leases per renew call (one round trip each)
+READ_BATCH = 1_000  # keys per state or prune call
+MAX_INT = 2**52  # ttls, ages and gaps (ms) stay well inside Lua's exact integers
+# Replies as str; no PING before commands and no CLIENT SETINFO on connect (round trips); no driver
+# retries (a retried script could run twice; redis-py copies the Retry).
+_OPTIONS: dict[str, Any] = {
+    "decode_responses": True, "health_check_interval": 0, "driver_info": None, "retry": Retry(NoBackoff(), 0)
+}
+
+
+@functools.cache
+def _source(name: str) -> str:
+    lua = importlib.resources.files(__package__) / "lua"
+    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+class RedisStore:
+    """Lease store on one Redis primary; see :class:`celery_fence.stores.base.Store`."""
+
+    def __init__(self, url: str, prefix: str | None = None, timeout: float = 5.0) -> None:
+        self.url = url
+        self._target, url_prefix = _split_url(url)
+        if None not in (prefix, url_prefix) and prefix != url_prefix:
+            raise errors.ConfigurationError(f"two key prefixes: {prefix!r}, {url_prefix!r} (URL)")
+        self.prefix = ("fence:" if url_prefix is None else url_prefix) if prefix is None else prefix
+        if not isinstance(self.prefix, str) or not self.prefix or "{" in self.prefix:
+            raise errors.ConfigurationError(f"a key prefix is a str, not empty, no '{{': {prefix!r}")
+        self._timeout = timeout
+        self._client: redis.Redis | None = None
+        self._scripts: dict[str, Script] = {}
+        self._pid = 0
+        self._all, self._counter, self._high, self._index, self._done = (
+            f"{self.prefix}{name}" for name in ("history", "counter", "high", "keys", "done")
+        )
+
+    def migrate(self) -> None:
+        """Nothing to create; checks that the server answers on this database."""
+        with self._io() as client:
+            client.ping()
+
+    def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
+        validate_key(key)
+        ttl_ms = _ms(validate_ttl(ttl), "ttl")
+        run_text = "" if run is None else codec.dumps(dict(run))
+        keys = [*self._keys(key, "lease", "history"), self._index]
+        reply = self._script("acquire", keys, [key, owner, ttl_ms, run_text])
+        if reply[0] == "done":
+            raise errors.AlreadyDone(key, int(reply[1]), codec.loads(reply[2]))
+        if reply[0] == "held":
+            raise errors.LeaseHeld(key, reply[1], int(reply[2]) / 1000)
+        return Lease(key, int(reply[1]), owner)
+
+    def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
+        leases = check_leases(leases)
+        ttl_ms = _ms(validate_ttl(ttl), "ttl")
+        lost: list[Lease] = []
+        for batch in _chunks(leases, RENEW_BATCH):
+            names = [self._k(kind, x.key) for x in batch for kind in ("lease", "history")]
+            args = [ttl_ms, *(arg for lease in batch for arg in _who(lease))]
+            keys = [self._all, self._counter, self._high, *names]
+            lost += [batch[i - 1] for i in self._script("renew", keys, args)]
+        return lost
+
+    def complete(self, lease: Lease, result: Any) -> None:
+        check_lease(lease)
+        text = codec.dumps(result)
+        keys = [*self._keys(lease.key, "lease", "history"), self._done]
+        _raise_stale(lease, self._script("complete", keys, [*_who(lease), text]), "complete")
+
+    def release(self, lease: Lease) -> None:
+        check_lease(lease)
+        self._script("release", self._keys(lease.key, "lease", "history"), _who(lease))
+
+    def save_step(self, lease: Lease, name: str, value: Any) -> None:
+        check_lease(lease)
+        check_step_name(name)
+        text = codec.dumps(value)
+        keys = self._keys(lease.key, "lease", "steps", "history")
+        reply = self._script("save_step", keys, [*_who(lease), name, text])
+        if reply[0] == "dup":
+            raise errors.InvalidArgument(f"step {name!r} of key {lease.key!r} is already committed")
+        _raise_stale(lease, reply, f"step {name}")
+
+    def steps(self, key: str) -> dict[str, Any]:
+        """Stored as ``<commit order>\\n<value>``, so they come back in commit order."""
+        name = self._k("steps", validate_key(key))
+        with self._io() as client:
+            stored: dict[str, str] = client.hgetall(name)  # type: ignore[assignment]
+        split = ((v.partition("\n"), k) for k, v in stored.items())
+        return {k: codec.loads(v) for (_, _, v), k in sorted(split, key=lambda e: int(e[0][0]))}
+
+    def refuse(self, lease: Lease, what: str) -> None:
+        check_lease(lease)
+        self._script("refuse", self._keys(lease.key, "history"), [*_who(lease), what])
+
+    def get(self, key: str) -> LeaseState | None:
+        return next(iter(self._states([validate_key(key)])), None)
+
+    def history(self, key: str | None = None) -> list[HistoryEvent]:
+        name = self._all if key is None else self._k("history", validate_key(key))
+        with self._io() as client:
+            lines: list[str] = client.lrange(name, 0, -1)  # type: ignore[assignment]
+        return [_event(json.loads(line)) for line in lines]
+
+    def leases(self) -> list[LeaseState]:
+        with self._io() as client:
+            keys: set[str] = client.smembers(self._index)  # type: ignore[assignment]
+        return self._states(sorted(keys))
+
+    def force_release(self, key: str) -> int:
+        token = self._script("force_release", self._keys(validate_key(key), "lease", "history"), [key])
+        if token is None:
+            raise errors.InvalidArgument(f"no lease for key {key!r}")
+        return int(token)
+
+    def prune(self, older_than: float) -> int:
+        """Two calls: the keys due by the store clock, then their removal (re-checked)."""
+        cutoff, *due = self._script("prune_due", [self._done], [_ms(check_age(older_than), "age")])
+        dropped = 0
+        for batch in _chunks(due, READ_BATCH):
+            names = [self._k(kind, key) for key in batch for kind in ("lease", "steps")]
+            dropped += int(self._script("prune", [self._done, self._index, *names], [cutoff, *batch]))
+        return dropped
+
+    def advance(self, gap: int) -> int:
+        if check_gap(gap) > MAX_INT:
+            raise errors.InvalidArgument(f"gap must be at most {MAX_INT}, got {gap}")
+        with self._io() as client:
+            return int(client.incrby(self._counter, gap))
+
+    def close(self) -> None:
+        client, self._client, self._scripts = self._client, None, {}
+        if client is not None and self._pid == os.getpid():  # after a fork: the parent's, leave it
+            with _translated(self.url):
+                client.close()
+
+    def _k(self, kind: str, key: str) -> str:
+        """One of a key's Redis keys; the ``{key}`` hash tag keeps them in one Cluster slot."""
+        return f"{self.prefix}{kind}:{{{key}}}"
+
+    def _keys(self, key: str, *kinds: str) -> list[str]:
+        """The key's own Redis keys of these kinds, then the global ones every write script gets."""
+        return [*(self._k(kind, key) for kind in kinds), self._all, self._counter, self._high]
+
+    @contextmanager
+    def _io(self) -> Iterator[redis.Redis]:
+        """This process's client (made on first use and again after a fork), inside the one
+        boundary where redis-py exceptions become celery-fence errors."""
+        with _translated(self.url):
+            if self._client is None or self._pid != os.getpid():
+                timeouts = {"socket_timeout": self._timeout, "socket_connect_timeout": self._timeout}
+                self._client = redis.Redis.from_url(self._target, **timeouts, **_OPTIONS)
+                self._scripts, self._pid = {}, os.getpid()
+            yield self._client
+
+    def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        with self._io() as client:  # no lock (a fork could inherit it held); a race registers twice
+            script = self._scripts[name] = self._scripts.get(name) or client.register_script(_source(name))
+            return script(keys=keys, args=args, client=client)
+
+    def _states(self, keys: Sequence[str]) -> list[LeaseState]:
+        states = []
+        for batch in _chunks(keys, READ_BATCH):
+            now, *rows = self._script("state", [self._k("lease", k) for k in batch], [])
+            states += [_state(k, int(now), r) for k, r in zip(batch, rows, strict=True) if r is not None]
+        return states
+
+
+def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    return (items[start : start + size] for start in range(0, len(items), size))
+
+
+def _who(lease: Lease) -> list[Any]:
+    return [lease.key, lease.token, lease.owner]
+
+
+def _raise_stale(lease: Lease, reply: list[Any], what: str) -> None:
+    if reply[0] == "stale":
+        raise errors.StaleToken(lease.key, lease.token, None if reply[1] is None else int(reply[1]), what)
+
+
+def _state(key: str, now: int, row: list[str | None]) -> LeaseState:
+    token, owner, exp, done, result, dead = row
+    expires_in = None if exp is None else (int(exp) - now) / 1000
+    return LeaseState(key, int(token or 0), owner, expires_in, done == "1", codec.loads(result), dead)
+
+
+def _event(line: dict[str, str]) -> HistoryEvent:
+    at, token, detail = float(line["at"]), int(line["token"]), line.get("detail")
+    return HistoryEvent(at, line["event"], token, line.get("owner"), detail, key=line["key"])
+
+
+def _ms(seconds: float, what: str) -> int:
+    if seconds * 1000 > MAX_INT:
+        raise errors.InvalidArgument(f"{what} of {seconds}s is more than the Redis store can hold")
+    return max(1, round(seconds * 1000)) if what == "ttl" else int(seconds * 1000)
+
+
+def _split_url(url: str) -> tuple[str, str | None]:
+    """The URL for redis-py (without our ``prefix`` parameter) and that prefix; refuses bad URLs."""
+    try:
+        parts = urlsplit(url)
+        query, db = parse_qsl(parts.query, keep_blank_values=True), parts.path.strip("/")
+        unknown = {k for k, _ in query} - {*URL_QUERY_ARGUMENT_PARSERS, "prefix"}
+        if unknown or parts.scheme not in ("redis", "rediss") or not (db.isdigit() or not db):
+            raise ValueError(f"unknown parameters {sorted(unknown)}" if unknown else "not Redis")
+        parts.port  # noqa: B018 (raises ValueError for a bad port)
+    except (TypeError, ValueError) as exc:
+        usage = "redis[s]://[[user]:password@]host[:port][/db][?prefix=...]"
+        raise errors.ConfigurationError(f"bad Redis URL {_safe(url)} ({exc}): use {usage}") from exc
+    rest = urlencode([(name, value) for name, value in query if name != "prefix"])
+    return urlunsplit(parts._replace(query=rest)), dict(query).get("prefix")  # the last one wins
+
+
+def _safe(url: object) -> str:
+    """The URL with its password hidden."""
+    head, sep, tail = str(url).partition("://")
+    creds, _, host = tail.rpartition("@")
+    return f"{head}{sep}{creds.partition(':')[0]}:***@{host}" if ":" in creds else str(url)
+
+
+@contextmanager
+def _translated(url: str) -> Iterator[None]:
+    """The one boundary where redis-py exceptions become celery-fence errors (``raise from``)."""
+    where = f"fence store {_safe(url)}"
+    try:
+        yield
+    except errors.FenceError:
+        raise
+    except (redis.AuthenticationError, redis.exceptions.AuthorizationError, NoPermissionError) as exc:
+        raise errors.ConfigurationError(f"{where} refused the credentials: {exc}") from exc
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        fix = "check that Redis runs and is reachable there, or fix fence_store_url"
+        raise errors.StoreUnavailable(f"{where} unavailable: {exc}; {fix}") from exc
+    except redis.ResponseError as exc:
+        raise _response_error(where, exc) from exc
+    except (redis.DataError, UnicodeEncodeError) as exc:
+        raise errors.InvalidArgument(f"{where} cannot take this argument: {exc}") from exc
+    except redis.RedisError as exc:
+        raise errors.StoreUnavailable(f"{where} failed: {exc}") from exc
+
+
+def _response_error(where: str, exc: redis.ResponseError) -> errors.FenceError:
+    message = str(exc).split(" script: ")[0]  # Redis appends the script's sha to a raised error
+    if message.startswith("FENCE_REWOUND "):
+        return errors.TokenRewound(f"{message[14:]}: run 'celery fence advance' on {where}")
+    if "DB index is out of range" in message:
+        fix = "use a database the server has (0-15 unless redis.conf sets 'databases')"
+        return errors.ConfigurationError(f"{where}: no such database ({message}); {fix}")
+    if isinstance(exc, redis.ReadOnlyError):
+        return errors.StoreUnavailable(f"{where} is a read-only replica: use the primary's URL")
+    return errors.StoreUnavailable(f"{where} failed: {message}")
