@@ -20,8 +20,10 @@ import click
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from .bootstep import RECOVER_OPTIONS
 from .errors import FenceError
 from .lease import LeaseState
+from .recovery import recover_abandoned
 from .runtime import runtime_for
 from .stores import Store, scheme_of
 from .verify import read_store, verify
@@ -201,6 +203,37 @@ def advance(ctx: click.Context, gap: int) -> None:
         floor = store.advance(gap)
     click.echo(f"token counter advanced by {gap}: every token issued from now on is above {floor}")
     click.echo("(run this after a store failover or a restore from backup: either can move the counter back)")
+
+
+@fence.command()
+@click.option(
+    "--grace", type=float, default=None, help="Seconds a lease must have been expired (default: ttl)."
+)
+@click.pass_context
+def recover(ctx: click.Context, grace: float | None) -> None:
+    """Send again the runs whose lease expired without completion (brokers that lost their message)."""
+    app = ctx.obj.app
+    with _store(ctx) as store:
+        config = runtime_for(app).config
+        report = recover_abandoned(
+            app, store, config.policy.ttl if grace is None else grace, config.max_recoveries
+        )
+    for key in report.resent:
+        click.echo(f"re-sent {key}")
+    for key in report.dead:
+        click.echo(f"gave up on {key} (marked dead; see 'celery fence show {key}')")
+    click.echo(f"{_count(len(report.resent), 'run')} re-sent, {_count(len(report.dead), 'key')} marked dead")
+
+
+def _add_worker_options() -> None:
+    """Give ``celery worker`` its ``--fence-recover`` options; Celery loads this module as a CLI plugin."""
+    from celery.bin.worker import worker
+
+    names = {param.name for param in worker.params}
+    worker.params.extend(option for option in RECOVER_OPTIONS if option.name not in names)
+
+
+_add_worker_options()
 
 
 def _state(s: LeaseState) -> str:

@@ -23,9 +23,7 @@ def dumps(value: Any) -> str:
             "(dict, list, str, int, float, bool, None)"
         ) from exc
     if len(text) > MAX_VALUE_BYTES:
-        raise NotSerializable(
-            f"value of {len(text)} bytes exceeds the {MAX_VALUE_BYTES}-byte limit"
-        )
+        raise NotSerializable(f"value of {len(text)} bytes exceeds the {MAX_VALUE_BYTES}-byte limit")
     return text
 
 

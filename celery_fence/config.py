@@ -22,6 +22,7 @@ DEFAULTS: dict[str, Any] = {
     "fence_interrupt": False,
     "fence_max_recoveries": 3,
     "fence_send_events": True,
+    "fence_recover": False,  # or `celery worker --fence-recover`
 }
 
 

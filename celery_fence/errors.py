@@ -86,9 +86,7 @@ class LeaseLost(FenceError):
 class StaleToken(FenceError):
     """A write with ``token`` was refused: the key's current token is ``current`` (or unknown)."""
 
-    def __init__(
-        self, key: str, token: int, current: int | None = None, what: str = "write"
-    ) -> None:
+    def __init__(self, key: str, token: int, current: int | None = None, what: str = "write") -> None:
         self.key, self.token, self.current, self.what = key, token, current, what
         now = "unknown" if current is None else str(current)
         super().__init__(f"{what} refused for key {key!r}: token {token} is stale (current: {now})")

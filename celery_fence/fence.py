@@ -66,13 +66,7 @@ class Fence:
         commit together or not at all (``StaleToken``). Needs a SQL store; with Redis or etcd use
         :func:`celery_fence.fenced_update` on a table with a ``fence_token`` column.
         """
-        if not isinstance(self.store, FencedConnectionStore):
-            raise ConfigurationError(
-                f"self.fence.transaction() needs a SQL lease store, not {self.store.url.split('://')[0]}://; "
-                "use celery_fence.fenced_update(conn, table, values, where, self.fence.token) on your own "
-                "database instead"
-            )
-        with self.store.transaction(self.lease) as conn:
+        with self._sql_store().transaction(self.lease) as conn:
             yield conn
 
     def step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -89,6 +83,32 @@ class Fence:
         self.store.save_step(self.lease, name, value)
         self._steps[name] = copy.deepcopy(value)
         return value
+
+    def atomic_step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A step whose effect is SQL writes: ``fn(conn, *args, **kwargs)`` runs in the fenced transaction
+        and the step record commits with those writes, so the effect happens exactly once per key even
+        if the worker dies between the two. Needs a SQL lease store.
+        """
+        if self._steps is None:
+            self._steps = self.store.steps(self.key)
+        if name in self._steps:
+            stored: T = copy.deepcopy(self._steps[name])
+            return stored
+        store = self._sql_store()
+        with store.transaction(self.lease, step=name) as conn:
+            value: T = codec.loads(codec.dumps(fn(conn, *args, **kwargs)))
+            store.insert_step(conn, self.lease, name, value)
+        self._steps[name] = copy.deepcopy(value)
+        return value
+
+    def _sql_store(self) -> Any:
+        if not isinstance(self.store, FencedConnectionStore):
+            raise ConfigurationError(
+                f"this needs a SQL lease store, not {self.store.url.split('://')[0]}://; "
+                "use celery_fence.fenced_update(conn, table, values, where, self.fence.token) on your own "
+                "database instead"
+            )
+        return self.store
 
     def __repr__(self) -> str:
         state = f"lost: {self._lost}" if self._lost else "held"

@@ -17,6 +17,7 @@ from .errors import ConfigurationError, InvalidArgument
 
 __all__ = [
     "MAX_KEY_LENGTH",
+    "Abandoned",
     "HistoryEvent",
     "Lease",
     "LeasePolicy",
@@ -63,13 +64,21 @@ class HistoryEvent:
     key: str = field(default="", compare=False)
 
 
+@dataclass(frozen=True)
+class Abandoned:
+    """A key whose lease expired without completion: its run may need to be sent again."""
+
+    key: str
+    token: int
+    run: dict[str, Any] | None
+    recoveries: int
+
+
 def validate_key(key: object) -> str:
     if not isinstance(key, str):
         raise InvalidArgument(f"a lease key must be a str, not {type(key).__name__}")
     if not key or len(key) > MAX_KEY_LENGTH:
-        raise InvalidArgument(
-            f"a lease key must have 1 to {MAX_KEY_LENGTH} characters, got {len(key)}"
-        )
+        raise InvalidArgument(f"a lease key must have 1 to {MAX_KEY_LENGTH} characters, got {len(key)}")
     return key
 
 
@@ -105,9 +114,7 @@ class LeasePolicy:
             raise ConfigurationError(f"fence_lease_ttl: {exc}") from exc
         interval = ttl / 3 if self.renew_interval is None else self.renew_interval
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
-            raise ConfigurationError(
-                f"fence_renew_interval must be a positive number, got {interval!r}"
-            )
+            raise ConfigurationError(f"fence_renew_interval must be a positive number, got {interval!r}")
         if interval >= ttl / 2:
             raise ConfigurationError(
                 f"fence_renew_interval ({interval}s) must be below half of fence_lease_ttl ({ttl}s): "

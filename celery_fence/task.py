@@ -21,9 +21,10 @@ from typing import Any, ClassVar
 
 from celery import Task
 from celery.exceptions import Ignore
-from celery.signals import celeryd_after_setup
+from celery.signals import celeryd_after_setup, celeryd_init
 
 from . import codec
+from .bootstep import add_recovery_step
 from .config import FenceConfig
 from .errors import (
     AlreadyDone,
@@ -63,6 +64,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     @classmethod
     def on_bound(cls, app: Any) -> None:
         """Check the app's settings when a worker starts (once per process, whatever the number of tasks)."""
+        celeryd_init.connect(add_recovery_step, weak=False, dispatch_uid="celery_fence.recovery")
         celeryd_after_setup.connect(check_worker_at_start, weak=False, dispatch_uid="celery_fence.startup")
 
     @property
@@ -211,15 +213,16 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             return None
 
     def _run_info(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        """What recovery needs to send this run again."""
-        info: dict[str, Any] = {
-            "task": self.name,
-            "id": self.request.id,
-            "args": list(args),
-            "kwargs": kwargs,
-        }
+        """What recovery needs to send this run again (arguments only if JSON can carry them)."""
+        request = self.request
+        info: dict[str, Any] = {"task": self.name, "id": request.id, "args": list(args), "kwargs": kwargs}
+        queue = (request.delivery_info or {}).get("routing_key")
+        if queue:
+            info["queue"] = queue
+        if getattr(request, "fence_key", None) is not None:
+            info["fence_key"] = request.fence_key
         try:
             codec.dumps(info)
         except NotSerializable:
-            info = {"task": self.name, "id": self.request.id, "args": None, "kwargs": None}
+            info.update(args=None, kwargs=None)
         return info

@@ -72,9 +72,7 @@ def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> Store:
 
 def _require_driver(base: str, driver: str | None, builtin: _Builtin) -> None:
     if driver == "asyncpg":
-        raise ConfigurationError(
-            "asyncpg is async-only; use 'postgresql+psycopg://' (Celery tasks are sync)"
-        )
+        raise ConfigurationError("asyncpg is async-only; use 'postgresql+psycopg://' (Celery tasks are sync)")
     module = _DRIVER_SUFFIX_MODULES.get(driver or "", builtin.driver) if base != "sqlite" else None
     if module and importlib.util.find_spec(module) is None:
         extra = builtin.extra if module == builtin.driver else None

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
-from ..lease import HistoryEvent, Lease, LeaseState
+from ..lease import Abandoned, HistoryEvent, Lease, LeaseState
 
 __all__ = ["EVENTS", "FencedConnectionStore", "Store"]
 
@@ -40,9 +40,7 @@ class Store(Protocol):
     def migrate(self) -> None:
         """Create or upgrade the store's ``fence_*`` schema. Idempotent."""
 
-    def acquire(
-        self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None
-    ) -> Lease:
+    def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         """Take the lease on ``key`` if it is free or expired, with a token above every token issued before.
 
         ``run`` (task name, arguments, options) is kept with the lease for recovery. Raises ``LeaseHeld``
@@ -92,6 +90,19 @@ class Store(Protocol):
     def advance(self, gap: int) -> int:
         """Move the token counter forward by ``gap`` (after a failover or restore). Returns the new floor."""
 
+    def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
+        """Keys whose lease expired over ``grace`` seconds ago without completion (and not recovered in
+        the last ``grace`` seconds, and not dead), oldest first."""
+
+    def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
+        """Claim the re-send of an abandoned run, atomically, iff the key is unchanged since ``seen`` (same
+        token, same recovery count: one recoverer wins) and still abandoned.
+
+        Returns the attempt number (>= 1) to re-send; 0 when the key was marked dead instead (after
+        ``max_recoveries`` attempts, or at once with ``max_recoveries=0``; ``reason`` is kept); ``None``
+        when there is nothing to do (someone took over, finished, or recovered it first).
+        """
+
     def close(self) -> None:
         """Release the store's connections. Idempotent."""
 
@@ -100,13 +111,17 @@ class Store(Protocol):
 class FencedConnectionStore(Store, Protocol):
     """A store whose lease rows live in a SQL database the user's tables can share."""
 
-    def transaction(self, lease: Lease) -> AbstractContextManager[Any]:
+    def transaction(self, lease: Lease, step: str | None = None) -> AbstractContextManager[Any]:
         """A transaction on the store's database in which the lease row is checked and locked.
 
+        With ``step``, the history records a step of that name instead of a write (see ``insert_step``).
         The token must be current when the transaction starts; the row stays locked until commit, so a
         takeover waits and then sees the outcome. Yields an SQLAlchemy ``Connection``; raises
         ``StaleToken`` (writing nothing) when the token is not current.
         """
+
+    def insert_step(self, conn: Any, lease: Lease, name: str, value: Any) -> None:
+        """Record step ``name`` inside an open ``transaction(lease, step=name)``: it commits with it."""
 
 
 def iter_chunks(items: Sequence[Lease], size: int) -> Iterator[Sequence[Lease]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import codec
 from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
-from ..lease import HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
 
 __all__ = ["MemoryStore"]
@@ -31,6 +31,8 @@ class _Row:
     run: str | None = None
     finished_at: float | None = None
     dead: str | None = None
+    recoveries: int = 0
+    recovered_at: float | None = None
 
 
 class MemoryStore:
@@ -48,9 +50,7 @@ class MemoryStore:
     def migrate(self) -> None:
         """Nothing to create."""
 
-    def acquire(
-        self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None
-    ) -> Lease:
+    def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
         ttl = validate_ttl(ttl)
         run_text = None if run is None else codec.dumps(dict(run))
@@ -64,7 +64,8 @@ class MemoryStore:
                 raise LeaseHeld(key, row.owner, row.expires_at - now)
             event = "takeover" if row is not None and row.expires_at is not None else "acquire"
             self._counter += 1
-            self._rows[key] = _Row(self._counter, owner, now + ttl, run=run_text)
+            recoveries = 0 if row is None else row.recoveries
+            self._rows[key] = _Row(self._counter, owner, now + ttl, run=run_text, recoveries=recoveries)
             self._log(key, event, self._counter, owner, now)
             return Lease(key, self._counter, owner)
 
@@ -166,8 +167,39 @@ class MemoryStore:
             self._counter += gap
             return self._counter
 
+    def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
+        grace = check_age(grace)
+        with self._lock:
+            now = self.clock()
+            rows = [(k, r) for k, r in self._rows.items() if self._is_abandoned(r, now, grace)]
+            rows.sort(key=lambda item: item[1].expires_at or 0)
+            return [Abandoned(k, r.token, codec.loads(r.run), r.recoveries) for k, r in rows[:limit]]
+
+    def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
+        validate_key(seen.key)
+        key, token = seen.key, seen.token
+        with self._lock:
+            now, row = self.clock(), self._rows.get(key)
+            unchanged = row is not None and row.token == token and row.recoveries == seen.recoveries
+            if row is None or not unchanged or not self._is_abandoned(row, now, 0.0):
+                return None
+            row.recovered_at = now
+            if row.recoveries >= max_recoveries:
+                row.dead = reason or f"gave up after {row.recoveries} recoveries"
+                self._log(key, "dead", token, row.owner, now, row.dead)
+                return 0
+            row.recoveries += 1
+            self._log(key, "recovered", token, row.owner, now, str(row.recoveries))
+            return row.recoveries
+
     def close(self) -> None:
         """Nothing to close; state stays readable."""
+
+    @staticmethod
+    def _is_abandoned(row: _Row, now: float, grace: float) -> bool:
+        expired = row.expires_at is not None and row.expires_at <= now - grace
+        quiet = row.recovered_at is None or row.recovered_at <= now - grace
+        return expired and quiet and not row.done and row.dead is None
 
     # -- internals (callers hold the lock) --
 

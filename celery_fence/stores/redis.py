@@ -49,7 +49,10 @@ MAX_INT = 2**52  # ttls, ages and gaps (ms) stay well inside Lua's exact integer
 # Replies as str; no PING before commands and no CLIENT SETINFO on connect (round trips); no driver
 # retries (a retried script could run twice; redis-py copies the Retry).
 _OPTIONS: dict[str, Any] = {
-    "decode_responses": True, "health_check_interval": 0, "driver_info": None, "retry": Retry(NoBackoff(), 0)
+    "decode_responses": True,
+    "health_check_interval": 0,
+    "driver_info": None,
+    "retry": Retry(NoBackoff(), 0),
 }
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Row, inspect, text
 
 from .. import codec
 from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
-from ..lease import HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from .sql_engine import SessionLimits, create_store_engine, translate_errors
 from .sql_queries import queries_for
 from .sql_schema import SCHEMA_VERSION, migrate
@@ -69,9 +69,7 @@ class SQLStore:
 
     # -- the lease operations --
 
-    def acquire(
-        self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None
-    ) -> Lease:
+    def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
         ttl = validate_ttl(ttl)
         run_text = None if run is None else codec.dumps(dict(run))
@@ -95,9 +93,7 @@ class SQLStore:
         if not leases:
             return []
         with self._one() as conn:
-            kept = {
-                (r.key, int(r.token)) for r in conn.execute(self.q.renew, self._pairs(leases, ttl))
-            }
+            kept = {(r.key, int(r.token)) for r in conn.execute(self.q.renew, self._pairs(leases, ttl))}
             lost = [lease for lease in leases if (lease.key, lease.token) not in kept]
             if lost:
                 conn.execute(self.q.log, [self._event(lease, "renew-failed") for lease in lost])
@@ -116,7 +112,7 @@ class SQLStore:
             conn.execute(self.q.release, {"key": lease.key, "token": lease.token})
 
     @contextmanager
-    def transaction(self, lease: Lease) -> Iterator[Connection]:
+    def transaction(self, lease: Lease, step: str | None = None) -> Iterator[Connection]:
         """A transaction in which the lease row is checked and locked until commit (see the protocol).
 
         The caller's own statements run outside the error translation: their errors are theirs.
@@ -127,13 +123,13 @@ class SQLStore:
             conn = self.engine.connect()
             tx = conn.begin()
             try:
-                current = self._guard(conn, lease, "write", None)
+                current = self._guard(conn, lease, "step" if step else "write", step)
             except BaseException:
                 conn.close()
                 raise
         if not current:
             conn.close()
-            self._refuse_now(lease, "write")
+            self._refuse_now(lease, f"step {step}" if step else "write")
         try:
             yield conn
             with translate_errors(self.url):
@@ -151,6 +147,12 @@ class SQLStore:
                 conn.execute(self.q.insert_step, params)
         if not current:
             self._refuse_now(lease, f"step {name}")
+
+    def insert_step(self, conn: Connection, lease: Lease, name: str, value: Any) -> None:
+        """Record step ``name`` inside an open :meth:`transaction` (opened with ``step=name``)."""
+        params = {"key": lease.key, "name": name, "token": lease.token, "value": codec.dumps(value)}
+        with translate_errors(self.url):
+            conn.execute(self.q.insert_step, params)
 
     def steps(self, key: str) -> dict[str, Any]:
         validate_key(key)
@@ -176,9 +178,7 @@ class SQLStore:
         query, params = (self.q.history_all, {}) if key is None else (self.q.history, {"key": key})
         with self._one() as conn:
             rows = conn.execute(query, params).all()
-        return [
-            HistoryEvent(r.at, r.event, int(r.token), r.owner, r.detail, key=r.key) for r in rows
-        ]
+        return [HistoryEvent(r.at, r.event, int(r.token), r.owner, r.detail, key=r.key) for r in rows]
 
     def leases(self) -> list[LeaseState]:
         with self._one() as conn:
@@ -204,6 +204,28 @@ class SQLStore:
         check_gap(gap)
         with self._one() as conn:
             return int(conn.execute(self.q.advance, {"gap": gap}).scalar_one())
+
+    def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
+        params = {"grace": check_age(grace), "limit": limit}
+        with self._one() as conn:
+            rows = conn.execute(self.q.abandoned, params).all()
+        return [Abandoned(r.key, int(r.token), codec.loads(r.run), int(r.recoveries)) for r in rows]
+
+    def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
+        validate_key(seen.key)
+        reason = reason or f"gave up after {max_recoveries} recoveries"
+        params = {
+            "key": seen.key,
+            "token": seen.token,
+            "seen": seen.recoveries,
+            "max": max_recoveries,
+            "reason": reason,
+        }
+        with self._one() as conn:
+            row = conn.execute(self.q.recover, params).first()
+        if row is None:
+            return None
+        return 0 if row.dead is not None else int(row.recoveries)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -241,15 +263,11 @@ class SQLStore:
 def _schema_current(conn: Connection) -> bool:
     if not inspect(conn).has_table("fence_meta"):
         return False
-    version = conn.execute(
-        text("SELECT value FROM fence_meta WHERE name = 'schema_version'")
-    ).scalar()
+    version = conn.execute(text("SELECT value FROM fence_meta WHERE name = 'schema_version'")).scalar()
     return version == str(SCHEMA_VERSION)
 
 
 def _state(row: Row[Any]) -> LeaseState:
     expires_in = None if row.expires_in is None else float(row.expires_in)
     result = codec.loads(row.result)
-    return LeaseState(
-        row.key, int(row.token), row.owner, expires_in, bool(row.done), result, row.dead
-    )
+    return LeaseState(row.key, int(row.token), row.owner, expires_in, bool(row.done), result, row.dead)

@@ -63,9 +63,7 @@ def _postgres_engine(url: Any, limits: SessionLimits) -> Engine:
         f"-c idle_in_transaction_session_timeout={ms['idle_in_transaction']}"
         f" -c lock_timeout={ms['lock']} -c statement_timeout={ms['statement']}"
     )
-    if (
-        "options" in url.query
-    ):  # keep the user's own (e.g. a search_path): ours come first, theirs win
+    if "options" in url.query:  # keep the user's own (e.g. a search_path): ours come first, theirs win
         options = f"{options} {url.query['options']}"
         url = url.difference_update_query(["options"])
     connect_args = {
@@ -91,14 +89,10 @@ def _sqlite_engine(url: Any, limits: SessionLimits) -> Engine:
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
-        dbapi_conn.isolation_level = (
-            None  # we issue BEGIN ourselves (SQLAlchemy's documented pattern)
-        )
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (SQLAlchemy's documented pattern)
         dbapi_conn.execute("PRAGMA journal_mode=WAL")
         dbapi_conn.execute(f"PRAGMA busy_timeout={int(limits.lock * 1000)}")
-        dbapi_conn.execute(
-            "PRAGMA synchronous=FULL"
-        )  # a lost commit could rewind the token counter
+        dbapi_conn.execute("PRAGMA synchronous=FULL")  # a lost commit could rewind the token counter
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
@@ -139,14 +133,10 @@ def _translate_dbapi(url: str, exc: DBAPIError) -> FenceError:
     message = str(exc.orig)
     code = getattr(exc.orig, "sqlstate", None)
     if code == "FE001" or "fence token counter rewound" in message:
-        return TokenRewound(
-            f"{message.splitlines()[0]}: run 'celery fence advance' on {_safe(url)}"
-        )
+        return TokenRewound(f"{message.splitlines()[0]}: run 'celery fence advance' on {_safe(url)}")
     if isinstance(exc, IntegrityError):
         return InvalidArgument(f"the store refused a duplicate: {message.splitlines()[0]}")
-    if code in ("22001", "22021", "22P02") or isinstance(
-        exc.orig, (sqlite3.DataError, OverflowError)
-    ):
+    if code in ("22001", "22021", "22P02") or isinstance(exc.orig, (sqlite3.DataError, OverflowError)):
         return InvalidArgument(f"the store refused a value: {message.splitlines()[0]}")
     if (
         exc.connection_invalidated

@@ -18,6 +18,14 @@ _HELD = "NOT fence_leases.done AND fence_leases.expires_at IS NOT NULL"
 _CURRENT = f"fence_leases.key = :key AND fence_leases.token = :token AND {_HELD}"
 
 
+def _abandoned(now: str, grace: str = ":grace") -> str:
+    """Expired over ``grace`` ago without completion, not dead, not recovered within ``grace``."""
+    return (
+        f"NOT done AND dead IS NULL AND expires_at IS NOT NULL AND expires_at <= {now} - {grace}"
+        f" AND (recovered_at IS NULL OR recovered_at <= {now} - {grace})"
+    )
+
+
 @dataclass(frozen=True)
 class _Dialect:
     now: str
@@ -60,6 +68,8 @@ class Queries:
     prune_steps: TextClause
     prune: TextClause
     advance: TextClause
+    abandoned: TextClause
+    recover: TextClause
 
 
 def queries_for(dialect_name: str) -> Queries:
@@ -72,7 +82,7 @@ def queries_for(dialect_name: str) -> Queries:
             VALUES (:key, {d.next_token}, :owner, {d.now} + :ttl, false, :run, 0, 'acquire')
             ON CONFLICT (key) DO UPDATE SET
               token = {d.next_token}, owner = excluded.owner, expires_at = {d.now} + :ttl,
-              run = excluded.run, detail = NULL,
+              run = excluded.run, detail = NULL, dead = NULL,
               event = CASE WHEN fence_leases.expires_at IS NULL THEN 'acquire' ELSE 'takeover' END
             WHERE NOT fence_leases.done
               AND (fence_leases.expires_at IS NULL OR fence_leases.expires_at <= {d.now})
@@ -103,12 +113,9 @@ def queries_for(dialect_name: str) -> Queries:
             VALUES (:key, {d.now}, :event, :token, :owner, :detail)"""),
         current_token=text("SELECT token FROM fence_leases WHERE key = :key"),
         history=text(
-            "SELECT key, at, event, token, owner, detail FROM fence_history "
-            "WHERE key = :key ORDER BY id"
+            "SELECT key, at, event, token, owner, detail FROM fence_history WHERE key = :key ORDER BY id"
         ),
-        history_all=text(
-            "SELECT key, at, event, token, owner, detail FROM fence_history ORDER BY id"
-        ),
+        history_all=text("SELECT key, at, event, token, owner, detail FROM fence_history ORDER BY id"),
         leases=text(f"SELECT {lease_cols} FROM fence_leases ORDER BY key"),
         force_release=text(f"""
             UPDATE fence_leases SET token = {d.next_token}, owner = NULL, expires_at = NULL,
@@ -119,4 +126,17 @@ def queries_for(dialect_name: str) -> Queries:
               WHERE done AND finished_at <= {d.now} - :age)"""),
         prune=text(f"DELETE FROM fence_leases WHERE done AND finished_at <= {d.now} - :age"),
         advance=text(d.advance),
+        abandoned=text(f"""
+            SELECT key, token, run, recoveries FROM fence_leases WHERE {_abandoned(d.now)}
+            ORDER BY expires_at LIMIT :limit"""),
+        # One recoverer wins: the key must be unchanged since it was seen (token and recovery count).
+        recover=text(f"""
+            UPDATE fence_leases SET recovered_at = {d.now},
+              recoveries = recoveries + CASE WHEN recoveries < :max THEN 1 ELSE 0 END,
+              dead = CASE WHEN recoveries < :max THEN NULL ELSE :reason END,
+              event = CASE WHEN recoveries < :max THEN 'recovered' ELSE 'dead' END,
+              detail = CASE WHEN recoveries < :max THEN CAST(recoveries + 1 AS TEXT) ELSE :reason END
+            WHERE key = :key AND token = :token AND recoveries = :seen
+              AND {_abandoned(d.now, grace="0")}
+            RETURNING recoveries, dead"""),
     )

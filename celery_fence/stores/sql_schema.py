@@ -53,15 +53,15 @@ fence_leases = Table(
     Column("recoveries", Integer, nullable=False, default=0),
     Column("dead", Text),
     Column("finished_at", Float),
+    Column("recovered_at", Float),
     Column("event", String(32), nullable=False),  # the last transition; the audit trigger copies it
     Column("detail", Text),
+    Index("fence_leases_expires", "expires_at"),  # recovery looks for expired leases
 )
 fence_history = Table(
     "fence_history",
     metadata,
-    Column(
-        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    ),
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
     Column("key", String(1024), nullable=False),
     Column("at", Float, nullable=False),
     Column("event", String(32), nullable=False),

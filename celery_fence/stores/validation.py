@@ -28,18 +28,12 @@ def check_leases(leases: Sequence[Lease]) -> list[Lease]:
 
 def check_step_name(name: object) -> str:
     if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME:
-        raise InvalidArgument(
-            f"a step name is a str of 1 to {MAX_STEP_NAME} characters, got {name!r}"
-        )
+        raise InvalidArgument(f"a step name is a str of 1 to {MAX_STEP_NAME} characters, got {name!r}")
     return name
 
 
 def check_age(seconds: object) -> float:
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, (int, float))
-        or not math.isfinite(seconds)
-    ):
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
         raise InvalidArgument(f"an age is a finite number of seconds, got {seconds!r}")
     if seconds < 0:
         raise InvalidArgument(f"an age cannot be negative, got {seconds!r}")

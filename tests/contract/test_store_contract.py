@@ -264,3 +264,41 @@ def test_unserializable_result_writes_nothing(store: Any) -> None:
 def test_close_is_idempotent(store: Any) -> None:
     store.close()
     store.close()
+
+
+def test_abandoned_runs_are_found_and_claimed_once(store: Any, expire: Any) -> None:
+    run = {"task": "shop.charge", "id": "t1", "args": [1], "kwargs": {}}
+    lease = store.acquire("k", "a", TTL, run)
+    store.acquire("live", "a", TTL)
+    finished = store.acquire("done", "a", TTL)
+    store.complete(finished, 1)
+    assert store.abandoned(0.0) == []
+    expire()
+    store.acquire("live", "b", TTL)  # taken over: not abandoned
+    (seen,) = store.abandoned(0.0)
+    assert (seen.key, seen.token, seen.run, seen.recoveries) == ("k", lease.token, run, 0)
+    assert store.recover(seen, max_recoveries=2) == 1
+    assert store.recover(seen, max_recoveries=2) is None  # a second recoverer loses
+    assert store.abandoned(10_000.0) == []  # recovered a moment ago: quiet for the grace period
+    assert ("recovered", lease.token, "1") in [(e.event, e.token, e.detail) for e in store.history("k")]
+
+
+def test_recovery_gives_up_after_the_bound(store: Any, expire: Any) -> None:
+    store.acquire("k", "a", TTL, {"task": "t", "id": "1", "args": [], "kwargs": {}})
+    expire()
+    (seen,) = store.abandoned(0.0)
+    assert store.recover(seen, max_recoveries=0, reason="unknown task 't'") == 0
+    assert store.get("k").dead == "unknown task 't'"
+    assert store.abandoned(0.0) == []
+    assert [e.event for e in store.history("k")][-1] == "dead"
+    again = store.acquire("k", "b", TTL)  # a fresh delivery may still run a dead key
+    assert store.get("k").dead is None
+    store.complete(again, "ok")
+
+
+def test_a_takeover_makes_a_seen_abandoned_run_stale(store: Any, expire: Any) -> None:
+    store.acquire("k", "a", TTL, {"task": "t", "id": "1", "args": [], "kwargs": {}})
+    expire()
+    (seen,) = store.abandoned(0.0)
+    store.acquire("k", "b", TTL)
+    assert store.recover(seen, max_recoveries=3) is None
