@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .dao import fenced_update
 from .errors import (
     AlreadyDone,
     ConfigurationError,
@@ -37,6 +38,7 @@ __all__ = [
     "Store",
     "StoreUnavailable",
     "TokenRewound",
+    "fenced_update",
     "open_store",
 ]
 
