@@ -91,6 +91,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         try:
             lease = runtime.store.acquire(key, new_owner(), config.policy.ttl, self._run_info(args, kwargs))
         except AlreadyDone as done:
+            log.info("fence: duplicate delivery of %s absorbed: already done (token %d)", key, done.token)
             send_fence_event(
                 self, self.request, "duplicate", key=key, token=done.token, reason="already done"
             )
@@ -181,6 +182,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     def _on_busy(self, held: LeaseHeld, config: FenceConfig, is_task_id: bool) -> Any:
         countdown = config.policy.busy_countdown(held.expires_in)
         if is_task_id:  # a copy of this very task id: absorb it, and come back in case the holder dies
+            log.info("fence: duplicate delivery of %s absorbed: %s; back in %.1fs", held.key, held, countdown)
             send_fence_event(self, self.request, "duplicate", key=held.key, token=0, reason=str(held))
             self._requeue(countdown)
         if config.on_busy == "ignore":
