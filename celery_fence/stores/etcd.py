@@ -4,8 +4,9 @@ Per lease key (percent-encoded, so without ``/``) under the prefix: ``lock/<key>
 lease, there iff the lease is live, its ``create_revision`` the token (the acquiring ``Txn``'s revision);
 ``state/<key>`` (owner, run), put only by acquire and force_release, so its ``mod_revision`` is the latest
 token; ``held/<key>`` from acquire to release, complete or force_release (held but no lock: expired, the next
-acquire is a takeover); ``done/<key>`` (token, result, finished_at); ``steps/<key>/<name>``;
-``history/<key>/<uuid>``, in ``create_revision`` order; ``meta/offset`` (:meth:`EtcdStore.advance`).
+acquire is a takeover; its value is when ``abandoned`` first saw that); ``done/<key>`` (token, result,
+finished_at); ``dead/<key>``, ``recovery/<key>`` (count, at); ``steps/<key>/<name>``; ``history/<key>/<uuid>``
+in ``create_revision`` order; ``meta/offset`` (:meth:`EtcdStore.advance`).
 
 Round trips: every operation is one ``Txn`` comparing the lock's ``create_revision`` (plus a put of the
 ``refused`` event when refused). acquire adds a grant or keep-alive when the process's etcd lease is missing
@@ -13,12 +14,14 @@ or not refreshed within a twentieth of the ttl; renew of any number of leases is
 
 Honest limits: an expired lease's lock is gone, so renewing or completing an expired, untaken lease fails
 (``get`` shows it with ``expires_in == 0.0``). etcd leases are whole seconds, at least 2: a ttl is rounded up;
-one etcd lease per process, store handle and distinct ttl, whose keep-alive extends every lock on it to the
-acquire's ttl. ``HistoryEvent.at`` is the writer's wall clock (etcd answers carry none), made non-decreasing
-in revision order when read: the order is the store's, ``at`` is for people; ``prune`` trusts the completing
-worker's clock too. A snapshot restore without ``--bump-revision`` (etcd 3.4 has none) rewinds revisions,
-hence tokens: run ``advance`` with a gap above the lost revisions before workers start. Debian's etcd 3.4.23
-predates the fix for etcd #17780 (revision decrease). Plain HTTP to one endpoint: no TLS, auth or failover.
+one etcd lease per process, store handle and distinct ttl. Its keep-alive extends every lock on it, so the
+handle notes when each lock it acquired or renewed would expire and deletes the overdue ones at its next
+acquire or renew: a lease is renewed by the process that acquired it. ``HistoryEvent.at`` is the writer's
+wall clock (etcd answers carry none), made non-decreasing in revision order when read: the order is the
+store's, ``at`` is for people; ``prune`` and ``abandoned`` trust wall clocks too. A snapshot restore without
+``--bump-revision`` (etcd 3.4 has none) rewinds revisions, hence tokens: run ``advance`` with a gap above the
+lost revisions before workers start. Debian's etcd 3.4.23 predates the fix for etcd #17780 (revision
+decrease). Plain HTTP to one endpoint: no TLS, auth or failover.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from urllib.parse import quote, unquote
 
 from .. import codec
 from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken, StoreUnavailable
-from ..lease import HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from . import etcd_gateway as etcd
 from .etcd_gateway import KV, Op, TxnResult
 from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
@@ -41,7 +44,7 @@ from .validation import check_age, check_gap, check_lease, check_leases, check_s
 __all__ = ["EtcdStore"]
 
 T = TypeVar("T")
-_KINDS = ("state", "lock", "held", "done")  # per-key records, in the order a read returns them
+_KINDS = ("state", "lock", "held", "done", "dead", "recovery")  # per-key records, in read order
 _ATTEMPTS = 5  # a Txn spoiled by an advance or by its etcd lease running out is tried again this often
 _MAX_OPS = 128  # etcd's default --max-txn-ops
 _TIMEOUT = (3.0, 5.0)  # seconds to connect, to read an answer
@@ -63,23 +66,27 @@ class EtcdStore:
 
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
-        seconds = etcd.lease_seconds(validate_ttl(ttl))
-        state = json.dumps(
-            {"owner": owner, "run": None if run is None else codec.dumps(dict(run)), "dead": None}
-        )
-        return self._retry(f"acquire({key!r})", lambda: self._acquire(key, owner, seconds, state))
+        ttl = validate_ttl(ttl)
+        run_text = None if run is None else codec.dumps(dict(run))
+        state = json.dumps({"owner": owner, "run": run_text})
+        self._expire_overdue()
+        return self._retry(f"acquire({key!r})", lambda: self._acquire(key, owner, ttl, state))
 
     def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
-        leases = check_leases(leases)
-        seconds = etcd.lease_seconds(validate_ttl(ttl))
+        leases, ttl = check_leases(leases), validate_ttl(ttl)
         if not leases:
             return []
-        locks = self._locks(leases)
+        self._expire_overdue()
+        seconds, sent, locks = etcd.lease_seconds(ttl), time.monotonic(), self._locks(leases)
         current = {lease for lease in leases if self._holds(locks.get(lease.key), lease)}
         for lease_id in {locks[lease.key].lease for lease in current}:  # usually just this process's
             if not self.etcd_leases.keepalive(seconds, lease_id):  # 200 without a TTL: revoked, expired
                 current = {lease for lease in current if locks[lease.key].lease != lease_id}
+        for lease in current:
+            self.etcd_leases.track(lease, ttl, sent)
         lost = [lease for lease in leases if lease not in current]
+        for lease in lost:
+            self.etcd_leases.untrack(lease)
         self._log([self._event(lease, "renew-failed") for lease in lost])
         return lost
 
@@ -88,12 +95,14 @@ class EtcdStore:
         done = {"token": lease.token, "result": codec.dumps(result), "finished_at": time.time()}
         ops = [*self._free(lease.key), etcd.put(self._k("done", lease.key), json.dumps(done))]
         answer = self._fenced(lease, [], [*ops, self._event(lease, "complete")])
+        self.etcd_leases.untrack(lease)
         if not answer.succeeded:
             self._stale(lease, "complete", answer)
 
     def release(self, lease: Lease) -> None:
         check_lease(lease)
         self._fenced(lease, [], [*self._free(lease.key), self._event(lease, "release")])  # stale: nothing
+        self.etcd_leases.untrack(lease)
 
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
         check_lease(lease)
@@ -146,33 +155,69 @@ class EtcdStore:
         check_gap(gap)
         return self._retry(f"advance({gap})", lambda: self._advance(gap))
 
+    def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
+        """Keys held without a lock (expired), not done, dead or recovered within ``grace``. etcd does not say
+        when a lock expired: the first call that sees it expired stamps the ``held`` marker with its clock,
+        and ``grace`` counts from that stamp."""
+        grace, now, late = check_age(grace), time.time(), []
+        found = self._records([etcd.get(self._k(kind), prefix=True) for kind in _KINDS])
+        idle = {key: r for key, r in found.items() if _idle(r)}
+        for key, r in idle.items():
+            if not r["held"].value:  # first seen expired: stamp it, unless a lock was taken meanwhile
+                guard = [etcd.modified(r["held"].key, r["held"].mod), etcd.created(self._k("lock", key), 0)]
+                self.gw.txn(guard, [etcd.put(r["held"].key, repr(now))])
+            expired_at = float(r["held"].value or now)
+            if max(expired_at, _recovery(r)["at"]) <= now - grace:
+                late.append((expired_at, key))
+        return [self._abandoned(key, idle[key]) for _, key in sorted(late)[:limit]]
+
+    def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
+        k = {kind: self._k(kind, validate_key(seen.key)) for kind in _KINDS}
+        r = self._records([etcd.get(name) for name in k.values()]).get(seen.key, {})
+        if not _idle(r) or self._abandoned(seen.key, r) != seen:
+            return None  # taken over, finished, dead, or recovered first
+        unchanged = [etcd.modified(k[kind], r[kind].mod if kind in r else 0) for kind in _KINDS]
+        count, dead = seen.recoveries, seen.recoveries >= max_recoveries
+        lease = Lease(seen.key, seen.token, json.loads(r["state"].value)["owner"] or "")
+        if dead:
+            reason = reason or f"gave up after {count} recoveries"
+            ops = [etcd.put(k["dead"], reason), self._event(lease, "dead", reason)]
+        else:
+            count += 1
+            ops = [self._event(lease, "recovered", str(count))]
+        ops.append(etcd.put(k["recovery"], json.dumps({"count": count, "at": time.time()})))
+        return (0 if dead else count) if self.gw.txn(unchanged, ops).succeeded else None
+
     def close(self) -> None:
         """Close the HTTP session; the etcd leases run out by their ttl. Idempotent."""
         self.gw.close()
 
-    # -- one attempt of each racy operation --
-
-    def _acquire(self, key: str, owner: str, seconds: int, state: str) -> Lease | None:
+    def _acquire(self, key: str, owner: str, ttl: float, state: str) -> Lease | None:
+        seconds = etcd.lease_seconds(ttl)
         epochs, lease_id = self._epochs, self.etcd_leases.lease_for(seconds)
         k = {kind: self._k(kind, key) for kind in _KINDS}
         events = [self._event(Lease(key, 0, owner), name) for name in ("acquire", "takeover")]
         compare = [etcd.created(k["lock"], 0), etcd.created(k["done"], 0), self._offset_is(epochs)]
         log = etcd.nested([etcd.created(k["held"], 0)], events[:1], events[1:])  # acquire, else takeover
         puts = [etcd.put(k["held"], ""), etcd.put(k["state"], state), etcd.put(k["lock"], owner, lease_id)]
+        puts.append(etcd.delete(k["dead"]))  # a fresh delivery may run a dead key
+        failure, sent = [etcd.get(self._offset_key), *map(etcd.get, k.values())], time.monotonic()
         try:
-            result = self.gw.txn(
-                compare, [log, *puts], [etcd.get(self._offset_key), *map(etcd.get, k.values())]
-            )
-        except etcd.LeaseNotFound:  # the process's etcd lease ran out: grant another
-            self.etcd_leases.forget(seconds, lease_id)
+            result = self.gw.txn(compare, [log, *puts], failure)
+        except etcd.LeaseNotFound:  # the process's etcd lease ran out: this keep-alive forgets it
+            self.etcd_leases.keepalive(seconds, lease_id)
             return None
         if result.succeeded:
-            return Lease(key, epochs.token(result.revision), owner)
-        return None if self._moved(result, epochs) else self._busy(key, owner, result)
+            lease: Lease | None = Lease(key, epochs.token(result.revision), owner)
+        else:
+            lease = None if self._moved(result, epochs) else self._busy(key, owner, result)
+        if lease is not None:
+            self.etcd_leases.track(lease, ttl, sent)
+        return lease
 
     def _busy(self, key: str, owner: str, failed: TxnResult) -> Lease | None:
         """Why an acquire failed: ``AlreadyDone``, ``LeaseHeld``, our own lease, or ``None`` (try again)."""
-        state, lock, _, done = (failed.first(i + 1) for i in range(len(_KINDS)))
+        state, lock, _, done = (failed.first(i + 1) for i in range(4))
         if done is not None:
             finished = json.loads(done.value)
             token = finished["token"] if state is None else self._epochs.token(state.mod)
@@ -216,6 +261,12 @@ class EtcdStore:
         self._read([])
         return result.revision + offset
 
+    def _expire_overdue(self) -> None:
+        """Delete the locks nobody renewed within their ttl, which their shared etcd lease keeps alive."""
+        for lease in self.etcd_leases.overdue():
+            lock = self._k("lock", lease.key)
+            self.gw.txn([etcd.created(lock, self._epochs.revision(lease.token))], [etcd.delete(lock)])
+
     def _retry(self, what: str, attempt: Callable[[], T | None]) -> T:
         for _ in range(_ATTEMPTS):
             if (value := attempt()) is not None:
@@ -257,12 +308,17 @@ class EtcdStore:
         self._epochs = etcd.Epochs.load(result.first(0))
         return result
 
-    def _states(self, ranges: list[Op]) -> list[LeaseState]:
-        """The states read by ``ranges`` (one per kind of record), with the time left on live locks."""
+    def _records(self, ranges: list[Op]) -> dict[str, dict[str, KV]]:
+        """The records read by ``ranges`` (one per kind, in ``_KINDS`` order), by lease key and kind."""
         result, by_key = self._read(ranges), dict[str, dict[str, KV]]()
         for i, kind in enumerate(_KINDS):
             for kv in result.kvs(i + 1):
                 by_key.setdefault(unquote(kv.key[len(self._k(kind)) :]), {})[kind] = kv
+        return by_key
+
+    def _states(self, ranges: list[Op]) -> list[LeaseState]:
+        """The states read by ``ranges``, with the time left on live locks."""
+        by_key = self._records(ranges)
         ids = {found["lock"].lease for found in by_key.values() if "lock" in found}
         ttls = {lease_id: self.gw.time_to_live(lease_id) for lease_id in ids}
         return [self._state(key, found, ttls) for key, found in sorted(by_key.items()) if "state" in found]
@@ -274,7 +330,12 @@ class EtcdStore:
             expires_in = max(0.0, float(ttls.get(lock.lease, 0)))
         result = None if done is None else codec.loads(json.loads(done.value)["result"])
         token = self._epochs.token(found["state"].mod)
-        return LeaseState(key, token, info["owner"], expires_in, done is not None, result, info.get("dead"))
+        dead = found["dead"].value if "dead" in found else None
+        return LeaseState(key, token, info["owner"], expires_in, done is not None, result, dead)
+
+    def _abandoned(self, key: str, r: Mapping[str, KV]) -> Abandoned:
+        run = codec.loads(json.loads(r["state"].value)["run"])
+        return Abandoned(key, self._epochs.token(r["state"].mod), run, _recovery(r)["count"])
 
     def _free(self, key: str) -> list[Op]:
         return [etcd.delete(self._k("lock", key)), etcd.delete(self._k("held", key))]
@@ -297,3 +358,12 @@ class EtcdStore:
 
 def _order(kv: KV) -> tuple[int, str]:
     return kv.create, kv.key
+
+
+def _idle(r: Mapping[str, KV]) -> bool:
+    """Abandoned with no grace: held but without a lock (expired), not done, not dead."""
+    return "held" in r and "state" in r and not {"lock", "done", "dead"} & r.keys()
+
+
+def _recovery(r: Mapping[str, KV]) -> dict[str, Any]:
+    return json.loads(r["recovery"].value) if "recovery" in r else {"count": 0, "at": 0.0}

@@ -24,17 +24,9 @@ from urllib.parse import unquote, urlsplit
 import requests
 
 from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable
+from ..lease import Lease
 
-__all__ = [
-    "KV",
-    "Epochs",
-    "Gateway",
-    "LeaseNotFound",
-    "ProcessLeases",
-    "TxnResult",
-    "lease_seconds",
-    "parse_url",
-]
+__all__ = ["KV", "Epochs", "Gateway", "LeaseNotFound", "ProcessLeases", "TxnResult", "parse_url"]
 
 Op = dict[str, Any]
 _TRANSIENT = {1, 2, 4, 10, 13, 14}  # gRPC Canceled, Unknown, DeadlineExceeded, Aborted, Internal, Unavailable
@@ -85,10 +77,6 @@ class TxnResult:
 
     def first(self, index: int) -> KV | None:
         return next(iter(self.kvs(index)), None)
-
-    def nested(self, index: int) -> TxnResult:
-        inner = self.responses[index]["response_txn"]
-        return TxnResult(bool(inner.get("succeeded")), self.revision, inner.get("responses", []))
 
 
 def put(key: str, value: str, lease: int = 0) -> Op:
@@ -180,23 +168,17 @@ class Gateway:
                 f"etcd at {self.base_url} did not answer ({type(exc).__name__}: {exc}); check that etcd runs "
                 "and that its --listen-client-urls and --advertise-client-urls include this address"
             ) from exc
-        answer = _parse(text)
-        if response.status_code == requests.codes.ok and answer is not None and "code" not in answer:
+        try:  # the first JSON object: a streamed answer has one per line
+            answer = json.loads(text.strip().split("\n", 1)[0])
+        except ValueError:
+            answer = None
+        if response.status_code == requests.codes.ok and isinstance(answer, dict) and "code" not in answer:
             return answer
         raise _error(self.base_url, path, response.status_code, answer, text)
 
 
-def _parse(text: str) -> Op | None:
-    """The first JSON object of a gateway answer (a streamed answer is one object per line)."""
-    try:
-        answer = json.loads(text.strip().split("\n", 1)[0])
-    except ValueError:
-        return None
-    return answer if isinstance(answer, dict) else None
-
-
-def _error(base: str, path: str, status: int, answer: Op | None, text: str) -> FenceError:
-    if answer is None or "code" not in answer:
+def _error(base: str, path: str, status: int, answer: Any, text: str) -> FenceError:
+    if not isinstance(answer, dict) or "code" not in answer:
         if status in _BAD_GATEWAY:
             return StoreUnavailable(f"etcd at {base} is unavailable (HTTP {status} on /v3{path})")
         return ConfigurationError(
@@ -247,22 +229,19 @@ def lease_seconds(ttl: float) -> int:
 
 
 class ProcessLeases:
-    """One etcd lease per process and ttl in whole seconds; a forked child starts with none of its own."""
+    """One etcd lease per process and ttl in whole seconds, and when each lock on them would expire (a
+    lock lives as long as its etcd lease, which other locks keep alive). A forked child has none of these."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gw, self._lock, self._pid = gateway, threading.Lock(), os.getpid()
         self._leases: dict[int, tuple[int, float]] = {}  # seconds: id, time.monotonic() of its last refresh
+        self._due: dict[Lease, float] = {}  # time.monotonic() past which a lock counts as expired
 
     def lease_for(self, seconds: int) -> int:
         """The etcd lease for a new lock, kept alive first unless just done: the lock lives its ttl."""
         lease_id, refreshed = self._get(seconds)
-        if (
-            lease_id
-            and time.monotonic() - refreshed > seconds * _FRESH
-            and not self.keepalive(seconds, lease_id)
-        ):
-            lease_id = 0
-        if not lease_id:
+        stale = time.monotonic() - refreshed > seconds * _FRESH
+        if not lease_id or (stale and not self.keepalive(seconds, lease_id)):
             sent, lease_id = time.monotonic(), self.gw.grant(seconds)
             with self._lock:
                 self._leases[seconds] = (lease_id, sent)
@@ -279,21 +258,35 @@ class ProcessLeases:
                 del self._leases[seconds]
         return alive
 
-    def forget(self, seconds: int, lease_id: int) -> None:
+    def track(self, lease: Lease, ttl: float, sent: float) -> None:
+        """``lease``'s lock was acquired or renewed by a request sent at ``sent``: it lives ``ttl`` more."""
         with self._lock:
-            if self._leases.get(seconds, (0, 0.0))[0] == lease_id:
-                del self._leases[seconds]
+            self._due[lease] = sent + ttl
+
+    def untrack(self, lease: Lease) -> None:
+        with self._lock:
+            self._due.pop(lease, None)
+
+    def overdue(self) -> list[Lease]:
+        """The leases not renewed within their ttl (forgotten now): their locks must go."""
+        self._get(0)
+        now = time.monotonic()
+        with self._lock:
+            late = [lease for lease, due in self._due.items() if due <= now]
+            for lease in late:
+                del self._due[lease]
+        return late
 
     def revoke_all(self) -> None:
         """Revoke this process's etcd leases: every lock attached to them is gone at once."""
         self._get(0)
         with self._lock:
-            leases, self._leases = list(self._leases.values()), {}
+            leases, self._leases, self._due = list(self._leases.values()), {}, {}
         for lease_id, _ in leases:
             self.gw.revoke(lease_id)
 
     def _get(self, seconds: int) -> tuple[int, float]:
         with self._lock:
             if self._pid != os.getpid():
-                self._pid, self._leases = os.getpid(), {}
+                self._pid, self._leases, self._due = os.getpid(), {}, {}
             return self._leases.get(seconds, (0, 0.0))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -43,10 +44,8 @@ def seeded(store: Any, expire: Any) -> Any:
     old = store.acquire("live", "a", TTL)
     expire()
     live = store.acquire("live", "b", TTL)
-    try:
+    with contextlib.suppress(FenceError):
         store.complete(old, "stale")
-    except FenceError:
-        pass
     return store, live
 
 
