@@ -1,21 +1,19 @@
 """The Redis store (``redis://``, ``rediss://``, redis-py): every operation is one Lua script.
 
-Each script is ``lua/<operation>.lua`` with ``lua/common.lua`` prepended, run by ``EVALSHA`` (redis-py's
-``Script``: ``NOSCRIPT`` loads it and retries once); acquire, renew (up to 10,000 leases), complete,
-release, save_step and refuse are one round trip each. Tokens come from ``INCR`` of one counter; expiry
-is judged by the server's ``TIME`` against a deadline in the key's lease hash, which never expires (a
-finished key keeps its result; an expired lease nobody took over stays current). Keys, under one prefix
-(``fence:``, or ``?prefix=`` in the URL): ``counter``, ``lease:{<key>}``, ``steps:{<key>}``,
-``history:{<key>}``, ``history`` (all keys' events), ``high``, ``keys`` and ``done`` (indexes).
+Each script is ``lua/<operation>.lua`` with ``lua/common.lua`` prepended, run by ``EVALSHA`` (``NOSCRIPT``
+loads it and retries once); acquire, renew (up to 10,000 leases), complete, release, save_step and refuse are
+one round trip each. Tokens come from ``INCR`` of one counter. Expiry is judged by the server's ``TIME``
+against a deadline in the key's lease hash, which never expires. All keys share one prefix (``fence:``, or
+``?prefix=`` in the URL); each lua file names the keys it touches.
 
-Honest limits. One primary: no Redis Cluster (every acquire touches the one counter and the global
-history); Sentinel or replica failover is asynchronous and can lose acknowledged writes (results, issued
-tokens). A restart without persistence, the ``everysec`` fsync window, a failover or an evicted counter
-(use ``maxmemory-policy noeviction``) move the counter back. Scripts refuse (``TokenRewound``, nothing
-written) a token not above the key's stored token, the last token in the global history, or a token a
-client presented above the counter (``high``); so after an empty restart tokens start again at 1 until a
-returning holder shows its token. Run ``celery fence advance`` after any of these. Tokens are exact below
-2**53 (Lua doubles). No driver retries (a script could run twice): a failed call is ``StoreUnavailable``.
+Honest limits. One primary: no Redis Cluster (every acquire touches the one counter and the global history);
+Sentinel or replica failover is asynchronous and can lose acknowledged writes. A restart without persistence,
+the ``everysec`` fsync window, a failover or an evicted counter (use ``maxmemory-policy noeviction``) move the
+counter back: a script refuses (``TokenRewound``, nothing written) a token not above the key's own token, the
+last token in the history, or a token some client presented above the counter, so after an empty restart
+tokens start again at 1 until a holder comes back. Run ``celery fence advance`` after any of these. Tokens are
+exact below 2**53 (Lua doubles). No driver retries (a script could run twice): a failed call is
+``StoreUnavailable``, its outcome unknown.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from redis.exceptions import NoPermissionError
 from redis.retry import Retry
 
 from .. import codec, errors
-from ..lease import HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
 
 __all__ = ["RedisStore"]
@@ -46,14 +44,8 @@ T = TypeVar("T")
 RENEW_BATCH = 10_000  # leases per renew call (one round trip each)
 READ_BATCH = 1_000  # keys per state or prune call
 MAX_INT = 2**52  # ttls, ages and gaps (ms) stay well inside Lua's exact integers
-# Replies as str; no PING before commands and no CLIENT SETINFO on connect (round trips); no driver
-# retries (a retried script could run twice; redis-py copies the Retry).
-_OPTIONS: dict[str, Any] = {
-    "decode_responses": True,
-    "health_check_interval": 0,
-    "driver_info": None,
-    "retry": Retry(NoBackoff(), 0),
-}
+# No PING before commands, no CLIENT SETINFO on connect (round trips), no retries (a script could run twice)
+_OPTIONS = dict(decode_responses=True, health_check_interval=0, driver_info=None, retry=Retry(NoBackoff(), 0))
 
 
 @functools.cache
@@ -77,8 +69,8 @@ class RedisStore:
         self._client: redis.Redis | None = None
         self._scripts: dict[str, Script] = {}
         self._pid = 0
-        self._all, self._counter, self._high, self._index, self._done = (
-            f"{self.prefix}{name}" for name in ("history", "counter", "high", "keys", "done")
+        self._all, self._counter, self._high, self._live, self._index, self._done = (
+            f"{self.prefix}{name}" for name in ("history", "counter", "high", "live", "keys", "done")
         )
 
     def migrate(self) -> None:
@@ -105,7 +97,7 @@ class RedisStore:
         for batch in _chunks(leases, RENEW_BATCH):
             names = [self._k(kind, x.key) for x in batch for kind in ("lease", "history")]
             args = [ttl_ms, *(arg for lease in batch for arg in _who(lease))]
-            keys = [self._all, self._counter, self._high, *names]
+            keys = [self._all, self._counter, self._high, self._live, *names]
             lost += [batch[i - 1] for i in self._script("renew", keys, args)]
         return lost
 
@@ -130,7 +122,6 @@ class RedisStore:
         _raise_stale(lease, reply, f"step {name}")
 
     def steps(self, key: str) -> dict[str, Any]:
-        """Stored as ``<commit order>\\n<value>``, so they come back in commit order."""
         name = self._k("steps", validate_key(key))
         with self._io() as client:
             stored: dict[str, str] = client.hgetall(name)  # type: ignore[assignment]
@@ -148,7 +139,8 @@ class RedisStore:
         name = self._all if key is None else self._k("history", validate_key(key))
         with self._io() as client:
             lines: list[str] = client.lrange(name, 0, -1)  # type: ignore[assignment]
-        return [_event(json.loads(line)) for line in lines]
+        events = [{"owner": None, **json.loads(line)} for line in lines]  # JSON of strings; no owner: None
+        return [HistoryEvent(**{**e, "at": float(e["at"]), "token": int(e["token"])}) for e in events]
 
     def leases(self) -> list[LeaseState]:
         with self._io() as client:
@@ -162,8 +154,7 @@ class RedisStore:
         return int(token)
 
     def prune(self, older_than: float) -> int:
-        """Two calls: the keys due by the store clock, then their removal (re-checked)."""
-        cutoff, *due = self._script("prune_due", [self._done], [_ms(check_age(older_than), "age")])
+        cutoff, *due = self._script("due", [self._done], [_ms(check_age(older_than), "age")])
         dropped = 0
         for batch in _chunks(due, READ_BATCH):
             names = [self._k(kind, key) for key in batch for kind in ("lease", "steps")]
@@ -176,24 +167,37 @@ class RedisStore:
         with self._io() as client:
             return int(client.incrby(self._counter, gap))
 
+    def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
+        cutoff, *due = self._script("due", [self._live], [_ms(check_age(grace), "age")])
+        found: list[Abandoned] = []
+        for batch in _chunks(due, READ_BATCH):
+            rows = self._script("abandoned", [self._k("lease", k) for k in batch], [cutoff, *batch])
+            found += [Abandoned(k, int(t), codec.loads(run), int(rec)) for k, t, run, rec in rows]
+            if len(found) >= limit:
+                break
+        return found[:limit]
+
+    def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
+        keys = self._keys(validate_key(seen.key), "lease", "history")
+        args = [seen.key, seen.token, seen.recoveries, max_recoveries, reason]
+        attempt = self._script("recover", keys, args)
+        return None if attempt is None else int(attempt)
+
     def close(self) -> None:
         client, self._client, self._scripts = self._client, None, {}
         if client is not None and self._pid == os.getpid():  # after a fork: the parent's, leave it
             with _translated(self.url):
                 client.close()
 
-    def _k(self, kind: str, key: str) -> str:
-        """One of a key's Redis keys; the ``{key}`` hash tag keeps them in one Cluster slot."""
+    def _k(self, kind: str, key: str) -> str:  # the {key} hash tag keeps a key's data in one slot
         return f"{self.prefix}{kind}:{{{key}}}"
 
-    def _keys(self, key: str, *kinds: str) -> list[str]:
-        """The key's own Redis keys of these kinds, then the global ones every write script gets."""
-        return [*(self._k(kind, key) for kind in kinds), self._all, self._counter, self._high]
+    def _keys(self, key: str, *kinds: str) -> list[str]:  # the key's own, then those every write gets
+        return [*(self._k(kind, key) for kind in kinds), self._all, self._counter, self._high, self._live]
 
     @contextmanager
     def _io(self) -> Iterator[redis.Redis]:
-        """This process's client (made on first use and again after a fork), inside the one
-        boundary where redis-py exceptions become celery-fence errors."""
+        """This process's client (made again after a fork), inside the one boundary of error translation."""
         with _translated(self.url):
             if self._client is None or self._pid != os.getpid():
                 timeouts = {"socket_timeout": self._timeout, "socket_connect_timeout": self._timeout}
@@ -233,11 +237,6 @@ def _state(key: str, now: int, row: list[str | None]) -> LeaseState:
     return LeaseState(key, int(token or 0), owner, expires_in, done == "1", codec.loads(result), dead)
 
 
-def _event(line: dict[str, str]) -> HistoryEvent:
-    at, token, detail = float(line["at"]), int(line["token"]), line.get("detail")
-    return HistoryEvent(at, line["event"], token, line.get("owner"), detail, key=line["key"])
-
-
 def _ms(seconds: float, what: str) -> int:
     if seconds * 1000 > MAX_INT:
         raise errors.InvalidArgument(f"{what} of {seconds}s is more than the Redis store can hold")
@@ -245,7 +244,6 @@ def _ms(seconds: float, what: str) -> int:
 
 
 def _split_url(url: str) -> tuple[str, str | None]:
-    """The URL for redis-py (without our ``prefix`` parameter) and that prefix; refuses bad URLs."""
     try:
         parts = urlsplit(url)
         query, db = parse_qsl(parts.query, keep_blank_values=True), parts.path.strip("/")
@@ -261,7 +259,6 @@ def _split_url(url: str) -> tuple[str, str | None]:
 
 
 def _safe(url: object) -> str:
-    """The URL with its password hidden."""
     head, sep, tail = str(url).partition("://")
     creds, _, host = tail.rpartition("@")
     return f"{head}{sep}{creds.partition(':')[0]}:***@{host}" if ":" in creds else str(url)
@@ -293,8 +290,7 @@ def _response_error(where: str, exc: redis.ResponseError) -> errors.FenceError:
     if message.startswith("FENCE_REWOUND "):
         return errors.TokenRewound(f"{message[14:]}: run 'celery fence advance' on {where}")
     if "DB index is out of range" in message:
-        fix = "use a database the server has (0-15 unless redis.conf sets 'databases')"
-        return errors.ConfigurationError(f"{where}: no such database ({message}); {fix}")
-    if isinstance(exc, redis.ReadOnlyError):
-        return errors.StoreUnavailable(f"{where} is a read-only replica: use the primary's URL")
+        return errors.ConfigurationError(
+            f"{where}: no such database ({message}); use one it has (0-15 by default)"
+        )
     return errors.StoreUnavailable(f"{where} failed: {message}")

@@ -1,6 +1,6 @@
 -- acquire: take the lease on a key if it is free or expired, with a new token from the counter.
 -- KEYS[1] lease hash   KEYS[2] key history   KEYS[3] global history   KEYS[4] counter
--- KEYS[5] witnessed high token   KEYS[6] key index (set)
+-- KEYS[5] witnessed high token   KEYS[6] leased keys (zset: key -> expiry)   KEYS[7] key index (set)
 -- ARGV[1] key   ARGV[2] owner   ARGV[3] ttl in ms   ARGV[4] run (JSON) or ''
 -- Returns {'ok', token} | {'held', owner, ms left} | {'done', token, result}; FENCE_REWOUND error.
 local now, at = clock()
@@ -16,11 +16,13 @@ if exp and exp > now then
   return {'held', h[2], int(exp - now)}
 end
 local token = next_token(KEYS[4], KEYS[5], KEYS[3], tonumber(h[1]) or 0)
-redis.call('HSET', KEYS[1], 'token', token, 'owner', ARGV[2], 'exp', int(now + tonumber(ARGV[3])))
-redis.call('HDEL', KEYS[1], 'run', 'dead')
+local until_ms = int(now + tonumber(ARGV[3]))
+redis.call('HSET', KEYS[1], 'token', token, 'owner', ARGV[2], 'exp', until_ms)
+redis.call('HDEL', KEYS[1], 'run', 'dead', 'recat') -- the recovery count ('rec') carries over
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[1], 'run', ARGV[4])
 end
-redis.call('SADD', KEYS[6], ARGV[1])
+redis.call('ZADD', KEYS[6], until_ms, ARGV[1])
+redis.call('SADD', KEYS[7], ARGV[1])
 log(KEYS[2], KEYS[3], at, ARGV[1], exp and 'takeover' or 'acquire', token, ARGV[2])
 return {'ok', token}

@@ -1,5 +1,6 @@
--- prune_due: the keys finished more than a given age ago, by the store clock (first step of prune).
--- KEYS[1] finished keys (zset: key -> finish time in ms)
+-- due: the members of a time index (key -> store ms) at or before now minus an age, oldest first
+-- (the first step of prune, on finished keys, and of abandoned, on leased keys).
+-- KEYS[1] the index (zset)
 -- ARGV[1] age in ms
 -- Returns {cutoff in ms, key, key, ...}.
 local now = clock()
