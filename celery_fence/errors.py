@@ -84,9 +84,15 @@ class LeaseLost(FenceError):
 
 
 class StaleToken(FenceError):
-    """A write with ``token`` was refused: the key's current token is ``current`` (or unknown)."""
+    """A write with ``token`` was refused: the key's current token is ``current`` (or unknown).
 
-    def __init__(self, key: str, token: int, current: int | None = None, what: str = "write") -> None:
-        self.key, self.token, self.current, self.what = key, token, current, what
+    ``recorded`` says whether the store already wrote the refusal to the key's history (a store refusing
+    its own write does; a refusal by the resource itself, as in ``fenced_update``, does not).
+    """
+
+    def __init__(
+        self, key: str, token: int, current: int | None = None, what: str = "write", recorded: bool = False
+    ) -> None:
+        self.key, self.token, self.current, self.what, self.recorded = key, token, current, what, recorded
         now = "unknown" if current is None else str(current)
         super().__init__(f"{what} refused for key {key!r}: token {token} is stale (current: {now})")

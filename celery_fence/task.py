@@ -164,8 +164,10 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
 
     def _refused(self, runtime: FenceRuntime, fence: Fence, exc: LeaseLost | StaleToken) -> None:
         reason = str(exc)
-        if isinstance(exc, LeaseLost):  # the store has not seen this refusal yet
+        if isinstance(exc, LeaseLost):  # refused here, before the store saw a write
             self._quietly(runtime.store.refuse, fence.lease, f"lease lost: {exc.reason}")
+        elif not exc.recorded:  # refused by the resource itself (fenced_update): put it in the history too
+            self._quietly(runtime.store.refuse, fence.lease, exc.what)
         log.warning("fence refused %s[%s]: %s", self.name, self.request.id, reason)
         write_refused.send(
             sender=self, key=fence.key, token=fence.token, task_id=self.request.id, reason=reason

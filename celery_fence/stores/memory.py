@@ -213,7 +213,7 @@ class MemoryStore:
         if row is None:
             current = self._rows[lease.key].token if lease.key in self._rows else None
             self._log(lease.key, "refused", lease.token, lease.owner, self.clock(), what)
-            raise StaleToken(lease.key, lease.token, current, what)
+            raise StaleToken(lease.key, lease.token, current, what, recorded=True)
         return row
 
     def _log(

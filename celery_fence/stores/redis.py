@@ -228,7 +228,8 @@ def _who(lease: Lease) -> list[Any]:
 
 def _raise_stale(lease: Lease, reply: list[Any], what: str) -> None:
     if reply[0] == "stale":
-        raise errors.StaleToken(lease.key, lease.token, None if reply[1] is None else int(reply[1]), what)
+        current = None if reply[1] is None else int(reply[1])
+        raise errors.StaleToken(lease.key, lease.token, current, what, recorded=True)
 
 
 def _state(key: str, now: int, row: list[str | None]) -> LeaseState:

@@ -239,7 +239,9 @@ class SQLStore:
     def _refused(self, conn: Connection, lease: Lease, what: str) -> None:
         conn.execute(self.q.log, self._event(lease, "refused", detail=what))
         current = conn.execute(self.q.current_token, {"key": lease.key}).scalar()
-        raise StaleToken(lease.key, lease.token, None if current is None else int(current), what)
+        raise StaleToken(
+            lease.key, lease.token, None if current is None else int(current), what, recorded=True
+        )
 
     def _refuse_now(self, lease: Lease, what: str) -> None:
         with self._one() as conn:

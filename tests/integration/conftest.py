@@ -1,8 +1,10 @@
-"""Fixtures for real-worker tests: a Redis broker and result backend, a PostgreSQL store on its own
-schema, a queue of its own per test, and workers that are always stopped by pid."""
+"""Fixtures for real-worker tests: a Redis broker and result backend, a lease store (PostgreSQL by default;
+Redis and etcd through their contract harnesses), a PostgreSQL schema for the tasks' own tables, a queue
+of its own per test, and workers that are always stopped by pid."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -10,18 +12,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 
-from tests.contract.harness import pg_schema_store
+from tests.contract.harness import HARNESSES, pg_schema_store
 
+from .fenced_app import accounts
 from .workers import Worker
+
+STORES = ("postgresql", "redis", "etcd")
+
+
+def on_every_store(**options: str) -> list[Any]:
+    """``@pytest.mark.parametrize("cluster", on_every_store(ttl="2"), indirect=True)``."""
+    return [pytest.param({"store": name, **options}, id=name) for name in STORES]
 
 
 @dataclass
 class Cluster:
-    """One test's world: its store, its app (client side), its queue, its workers."""
+    """One test's world: its lease store, its app (client side), its queue, its workers."""
 
     store: Any
+    user_db: Engine
     app: Any
     env: dict[str, str]
     workdir: Path
@@ -37,14 +48,35 @@ class Cluster:
         self.workers.append(worker)
         return worker
 
-    def effects(self, key: str | None = None) -> list[tuple[Any, ...]]:
-        query = "SELECT key, token, task_id, pid FROM fence_it_effects"
-        with self.store.engine.connect() as conn:
-            rows = conn.execute(text(query + (" WHERE key = :k" if key else "")), {"k": key}).all()
-        return [tuple(r) for r in rows]
+    def effects(self, key: str) -> list[tuple[Any, ...]]:
+        """Every accepted effect of ``key`` as ``(key, token, task_id, pid)``, however it was written."""
+        with self.user_db.connect() as conn:
+            rows = [
+                tuple(r)
+                for r in conn.execute(
+                    text("SELECT key, token, task_id, pid FROM fence_it_effects WHERE key = :k"), {"k": key}
+                )
+            ]
+            guarded = conn.execute(
+                text("SELECT key, token, task_id, pid, writes FROM fence_it_accounts WHERE key = :k"),
+                {"k": key},
+            ).all()
+        return rows + [tuple(r[:4]) for r in guarded for _ in range(r.writes)]
 
     def events(self, key: str) -> list[tuple[str, int]]:
         return [(e.event, e.token) for e in self.store.history(key)]
+
+
+@contextlib.contextmanager
+def _lease_store(name: str, user_db: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    if name == "postgresql":  # the lease rows share the schema of the tasks' tables
+        yield user_db
+        return
+    opened = HARNESSES[name].open(request)
+    try:
+        yield next(opened)
+    finally:
+        opened.close()
 
 
 @pytest.fixture
@@ -53,20 +85,25 @@ def cluster(
 ) -> Iterator[Cluster]:
     from . import fenced_app
 
-    ttl = getattr(request, "param", {}).get("ttl", "2")
-    visibility = getattr(request, "param", {}).get("visibility", "3600")
+    params = getattr(request, "param", {})
+    ttl, visibility = params.get("ttl", "2"), params.get("visibility", "3600")
     redis_base = redis_server_url.rsplit("/", 1)[0]
-    with pg_schema_store(postgres_url) as store:
+    with (
+        pg_schema_store(postgres_url) as user_db,
+        _lease_store(params.get("store", "postgresql"), user_db, request) as store,
+    ):
         store.migrate()
-        with store.engine.begin() as conn:
+        with user_db.engine.begin() as conn:
             conn.execute(
                 text("CREATE TABLE fence_it_effects (key TEXT, token BIGINT, task_id TEXT, pid INT)")
             )
+        accounts.create(user_db.engine)
         queue = f"fence-it-{uuid.uuid4().hex[:8]}"
         env = {
             "FENCE_IT_BROKER": f"{redis_base}/14",
             "FENCE_IT_BACKEND": f"{redis_base}/13",
             "FENCE_IT_STORE": store.url,
+            "FENCE_IT_USER_DB": user_db.url,
             "FENCE_IT_TTL": str(ttl),
             "FENCE_IT_DIR": str(tmp_path),
             "FENCE_IT_VISIBILITY": str(visibility),
@@ -79,14 +116,14 @@ def cluster(
             fence_store_url=store.url,
             fence_lease_ttl=float(ttl),
         )
-        world = Cluster(store, app, env, tmp_path, queue)
+        world = Cluster(store, user_db.engine, app, env, tmp_path, queue)
         try:
             yield world
         finally:
             for worker in world.workers:
                 worker.stop()
-            for worker in world.workers:
-                if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+            if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+                for worker in world.workers:
                     print(f"--- {worker.name} log ---\n{worker.log_text()[-4000:]}")
 
 

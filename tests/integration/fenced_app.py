@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import text
+from sqlalchemy import BigInteger, Column, Engine, Integer, MetaData, Table, Text, create_engine, text
+from sqlalchemy.dialects.postgresql import insert
 
-from celery_fence import FencedTask
+from celery_fence import FencedTask, fenced_update
+from celery_fence.stores.base import FencedConnectionStore
 
 env = os.environ.get
 app = Celery("fenced_app", broker=env("FENCE_IT_BROKER", "memory://"), backend=env("FENCE_IT_BACKEND"))
@@ -31,6 +33,25 @@ app.conf.update(
 )
 MARKS = Path(env("FENCE_IT_DIR", "/tmp"))
 INSERT = text("INSERT INTO fence_it_effects (key, token, task_id, pid) VALUES (:k, :t, :id, :pid)")
+# With a Redis or etcd lease store, the effect lands on a PostgreSQL table guarded by fenced_update.
+accounts = Table(
+    "fence_it_accounts",
+    MetaData(),
+    Column("key", Text, primary_key=True),
+    Column("writes", Integer, nullable=False, default=0),
+    Column("token", BigInteger),
+    Column("task_id", Text),
+    Column("pid", Integer),
+    Column("fence_token", BigInteger),
+)
+_engines: dict[str, Engine] = {}
+
+
+def user_db() -> Engine:
+    url = env("FENCE_IT_USER_DB", "")
+    if url not in _engines:
+        _engines[url] = create_engine(url)
+    return _engines[url]
 
 
 def mark(task: Any, what: str) -> None:
@@ -39,14 +60,25 @@ def mark(task: Any, what: str) -> None:
 
 
 def effect(task: Any, item: Any, pause: float) -> dict[str, Any]:
+    first_run = not any(MARKS.glob(f"{task.request.id}.*.started"))  # a redelivered copy does not pause
     mark(task, "started")
-    time.sleep(pause)  # the test pauses, kills or duplicates the run here
-    with task.fence.transaction() as conn:
-        conn.execute(
-            INSERT, {"k": task.fence.key, "t": task.fence.token, "id": task.request.id, "pid": os.getpid()}
-        )
+    time.sleep(pause if first_run else 0.0)  # the test pauses, kills or duplicates the run here
+    fence, run = task.fence, {"id": task.request.id, "pid": os.getpid()}
+    if isinstance(fence.store, FencedConnectionStore):  # the lease row is checked in this transaction
+        with fence.transaction() as conn:
+            conn.execute(INSERT, {"k": fence.key, "t": fence.token, **run})
+    else:  # a Redis or etcd lease: the resource checks the token itself
+        with user_db().begin() as conn:
+            conn.execute(insert(accounts).values(key=fence.key, writes=0).on_conflict_do_nothing())
+            values = {
+                "writes": accounts.c.writes + 1,
+                "token": fence.token,
+                "task_id": run["id"],
+                "pid": run["pid"],
+            }
+            fenced_update(conn, accounts, values, accounts.c.key == fence.key, fence.token)
     mark(task, "wrote")
-    return {"item": item, "token": task.fence.token, "pid": os.getpid()}
+    return {"item": item, "token": fence.token, "pid": os.getpid()}
 
 
 @app.task(base=FencedTask, bind=True)
