@@ -15,13 +15,13 @@ or not refreshed within a twentieth of the ttl; renew of any number of leases is
 Honest limits: an expired lease's lock is gone, so renewing or completing an expired, untaken lease fails
 (``get`` shows it with ``expires_in == 0.0``). etcd leases are whole seconds, at least 2: a ttl is rounded up;
 one etcd lease per process, store handle and distinct ttl. Its keep-alive extends every lock on it, so the
-handle notes when each lock it acquired or renewed would expire and deletes the overdue ones at its next
-acquire or renew: a lease is renewed by the process that acquired it. ``HistoryEvent.at`` is the writer's
-wall clock (etcd answers carry none), made non-decreasing in revision order when read: the order is the
-store's, ``at`` is for people; ``prune`` and ``abandoned`` trust wall clocks too. A snapshot restore without
-``--bump-revision`` (etcd 3.4 has none) rewinds revisions, hence tokens: run ``advance`` with a gap above the
-lost revisions before workers start. Debian's etcd 3.4.23 predates the fix for etcd #17780 (revision
-decrease). Plain HTTP to one endpoint: no TLS, auth or failover.
+handle notes when each lock it acquired or renewed (or may have: an answer lost) would expire and deletes the
+overdue ones at its next acquire or renew; a lease is renewed by the process that acquired it.
+``HistoryEvent.at`` is the writer's wall clock (etcd answers carry none), made non-decreasing in revision
+order when read: the order is the store's, ``at`` is for people; ``prune`` and ``abandoned`` trust wall
+clocks too. A snapshot restore without ``--bump-revision`` (etcd 3.4 has none) rewinds revisions, hence
+tokens: run ``advance`` with a gap above the lost revisions before workers start. Debian's etcd 3.4.23
+predates the fix for etcd #17780 (revision decrease). Plain HTTP to one endpoint: no TLS, auth or failover.
 """
 
 from __future__ import annotations
@@ -202,11 +202,15 @@ class EtcdStore:
         puts = [etcd.put(k["held"], ""), etcd.put(k["state"], state), etcd.put(k["lock"], owner, lease_id)]
         puts.append(etcd.delete(k["dead"]))  # a fresh delivery may run a dead key
         failure, sent = [etcd.get(self._offset_key), *map(etcd.get, k.values())], time.monotonic()
+        unsure = Lease(key, 0, owner)  # token 0: if the answer is lost, a lock of this owner may exist
+        self.etcd_leases.track(unsure, ttl, sent)
         try:
             result = self.gw.txn(compare, [log, *puts], failure)
         except etcd.LeaseNotFound:  # the process's etcd lease ran out: this keep-alive forgets it
+            self.etcd_leases.untrack(unsure)
             self.etcd_leases.keepalive(seconds, lease_id)
             return None
+        self.etcd_leases.untrack(unsure)
         if result.succeeded:
             lease: Lease | None = Lease(key, epochs.token(result.revision), owner)
         else:
@@ -224,10 +228,10 @@ class EtcdStore:
             raise AlreadyDone(key, token, codec.loads(finished["result"]))
         if lock is not None and lock.value == owner:  # our own acquire committed; its reply was lost
             return Lease(key, self._epochs.token(lock.create), owner)
-        left = -1 if lock is None else self.gw.time_to_live(lock.lease)
-        if lock is None or left < 0:  # it expired just now
+        if lock is None:  # not after a Txn that failed in one revision; try again
             return None
-        raise LeaseHeld(key, lock.value, float(left))
+        left = self.gw.time_to_live(lock.lease)  # -1: expired, etcd is still deleting the lock
+        raise LeaseHeld(key, lock.value, float(max(left, 0)))
 
     def _fenced(self, lease: Lease, compare: list[Op], success: list[Op]) -> TxnResult:
         """Run ``success`` iff the token is current; a failed answer holds the offset, state and lock."""
@@ -262,10 +266,12 @@ class EtcdStore:
         return result.revision + offset
 
     def _expire_overdue(self) -> None:
-        """Delete the locks nobody renewed within their ttl, which their shared etcd lease keeps alive."""
+        """Delete the locks nobody renewed within their ttl, which their shared etcd lease keeps alive (token
+        0: an acquire whose answer was lost, known by its owner)."""
         for lease in self.etcd_leases.overdue():
             lock = self._k("lock", lease.key)
-            self.gw.txn([etcd.created(lock, self._epochs.revision(lease.token))], [etcd.delete(lock)])
+            token = etcd.created(lock, self._epochs.revision(lease.token))
+            self.gw.txn([token if lease.token else etcd.holds(lock, lease.owner)], [etcd.delete(lock)])
 
     def _retry(self, what: str, attempt: Callable[[], T | None]) -> T:
         for _ in range(_ATTEMPTS):
@@ -288,7 +294,7 @@ class EtcdStore:
         state = failed.first(1)
         self._log([self._event(lease, "refused", what)])
         current = None if state is None else self._epochs.token(state.mod)
-        raise StaleToken(lease.key, lease.token, current, what)
+        raise StaleToken(lease.key, lease.token, current, what, recorded=True)
 
     def _holds(self, lock: KV | None, lease: Lease) -> bool:
         return lock is not None and lock.create == self._epochs.revision(lease.token)

@@ -104,6 +104,10 @@ def modified(key: str, revision: int) -> Op:  # revision 0: the key does not exi
     return {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}
 
 
+def holds(key: str, value: str) -> Op:  # the key exists with this value
+    return {"key": _b64(key), "target": "VALUE", "result": "EQUAL", "value": _b64(value)}
+
+
 def parse_url(url: str, prefix: object = None) -> tuple[str, str]:
     """``etcd://host:port/prefix/`` -> ``("host:port", "prefix/")``: port 2379, prefix ``fence/`` by default;
     a ``prefix`` given apart wins over the URL's."""

@@ -1,0 +1,126 @@
+"""The etcd harness: a private ``etcd`` on free ports in a temp dir, never the system one on 2379.
+
+The server starts on first use and is stopped by pid at the end of the session (and at exit). Each test
+opens its store under a prefix of its own, carried in the URL (``etcd://127.0.0.1:PORT/<prefix>/``) so other
+processes reach the same keys; its etcd leases are revoked and its keys deleted afterwards. "Every live
+lease expires now" is a revoke of the store's etcd leases: their lock keys are gone, as after a ttl.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from celery_fence.stores.etcd import EtcdStore
+from celery_fence.stores.etcd_gateway import delete
+
+from .harness import Harness
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class EtcdServer:
+    """One private single-member etcd, started and stopped by pid."""
+
+    def __init__(self, binary: str, directory: Path, *options: str) -> None:
+        self.binary, self.directory, self.options = binary, directory, options
+        self.port, self.peer_port = free_port(), free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def client_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, prefix: str = "") -> str:
+        return f"etcd://127.0.0.1:{self.port}/{prefix}"
+
+    def start(self) -> EtcdServer:
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        args = [self.binary, "--name", "default", "--data-dir", str(self.directory / "data")]
+        args += ["--listen-client-urls", self.client_url, "--advertise-client-urls", self.client_url]
+        args += ["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer]
+        args += ["--initial-cluster", f"default={peer}", "--log-outputs", "stderr", *self.options]
+        with open(self.directory / "etcd.log", "ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while not self.healthy():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                log_tail = (self.directory / "etcd.log").read_text(errors="replace")[-2000:]
+                pytest.fail(f"etcd on port {self.port} did not start:\n{log_tail}")
+            time.sleep(0.05)
+        return self
+
+    def healthy(self) -> bool:
+        with contextlib.suppress(requests.RequestException, ValueError):
+            answer = requests.get(f"{self.client_url}/health", timeout=1).json()
+            return bool(answer.get("health") == "true")
+        return False
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.terminate()  # by pid, never by name
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+_shared: list[EtcdServer] = []
+
+
+def shared_server(request: pytest.FixtureRequest) -> EtcdServer:
+    """The session's private etcd, started on first use."""
+    if not _shared:
+        binary = request.getfixturevalue("etcd_binary")
+        directory = Path(tempfile.mkdtemp(prefix="fence-etcd-"))
+        server = EtcdServer(binary, directory).start()
+        _shared.append(server)
+
+        def stop() -> None:
+            server.stop()
+            shutil.rmtree(directory, ignore_errors=True)
+            _shared.clear()
+
+        request.session.addfinalizer(stop)
+        atexit.register(stop)
+    return _shared[0]
+
+
+def open_etcd_store(request: pytest.FixtureRequest) -> Iterator[EtcdStore]:
+    """A store under a fresh prefix on the shared server; its leases and keys are gone afterwards."""
+    store = EtcdStore(shared_server(request).url(f"t{uuid.uuid4().hex[:12]}/"))
+    yield store
+    store.etcd_leases.revoke_all()
+    store.gw.txn([], [delete(store.prefix, prefix=True)])
+    store.close()
+
+
+def _open(request: pytest.FixtureRequest) -> Iterator[Any]:
+    yield from open_etcd_store(request)
+
+
+def _expire(store: Any) -> None:
+    store.etcd_leases.revoke_all()
+
+
+HARNESS = Harness("etcd", _open, _expire, expired_lease_survives=False, multiprocess=True)
