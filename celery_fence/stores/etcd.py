@@ -1,12 +1,6 @@
 """The etcd store (``etcd://host:port[/prefix/]``, prefix ``fence/`` by default) on etcd's v3 JSON gateway.
 
-Per lease key (percent-encoded, so without ``/``) under the prefix: ``lock/<key>`` on the process's etcd
-lease, there iff the lease is live, its ``create_revision`` the token (the acquiring ``Txn``'s revision);
-``state/<key>`` (owner, run), put only by acquire and force_release, so its ``mod_revision`` is the latest
-token; ``held/<key>`` from acquire to release, complete or force_release (held but no lock: expired, the next
-acquire is a takeover; its value is when ``abandoned`` first saw that); ``done/<key>`` (token, result,
-finished_at); ``dead/<key>``, ``recovery/<key>`` (count, at); ``steps/<key>/<name>``; ``history/<key>/<uuid>``
-in ``create_revision`` order; ``meta/offset`` (:meth:`EtcdStore.advance`).
+The layout of the per-key records is in :mod:`celery_fence.stores.etcd_records`.
 
 Round trips: every operation is one ``Txn`` comparing the lock's ``create_revision`` (plus a put of the
 ``refused`` event when refused). acquire adds a grant or keep-alive when the process's etcd lease is missing
@@ -27,7 +21,6 @@ predates the fix for etcd #17780 (revision decrease). Plain HTTP to one endpoint
 from __future__ import annotations
 
 import json
-import math
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -38,13 +31,14 @@ from .. import codec
 from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken, StoreUnavailable
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from . import etcd_gateway as etcd
+from . import etcd_records as records
 from .etcd_gateway import KV, Op, TxnResult
-from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
+from .validation import check_gap, check_lease, check_leases, check_step_name
 
 __all__ = ["EtcdStore"]
 
 T = TypeVar("T")
-_KINDS = ("state", "lock", "held", "done", "dead", "recovery")  # per-key records, in read order
+_KINDS = records.KINDS
 _ATTEMPTS = 5  # a Txn spoiled by an advance or by its etcd lease running out is tried again this often
 _MAX_OPS = 128  # etcd's default --max-txn-ops
 _TIMEOUT = (3.0, 5.0)  # seconds to connect, to read an answer
@@ -122,31 +116,21 @@ class EtcdStore:
         self._log([self._event(check_lease(lease), "refused", what)])
 
     def get(self, key: str) -> LeaseState | None:
-        states = self._states([etcd.get(self._k(kind, validate_key(key))) for kind in _KINDS])
+        states = records.states(self, [etcd.get(self._k(kind, validate_key(key))) for kind in _KINDS])
         return states[0] if states else None
 
     def leases(self) -> list[LeaseState]:
-        return self._states([etcd.get(self._k(kind), prefix=True) for kind in _KINDS])
+        return records.states(self, [etcd.get(self._k(kind), prefix=True) for kind in _KINDS])
 
     def history(self, key: str | None = None) -> list[HistoryEvent]:
-        start = self._k("history") if key is None else self._k("history", validate_key(key)) + "/"
-        events, at = [], -math.inf
-        for kv in sorted(self._read([etcd.get(start, prefix=True)]).kvs(1), key=_order):
-            e = json.loads(kv.value)
-            at = max(at, e["at"])
-            token = self._epochs.token(kv.create) if e["token"] is None else e["token"]
-            events.append(HistoryEvent(at, e["event"], token, e["owner"], e["detail"], key=e["key"]))
-        return events
+        return records.history(self, None if key is None else validate_key(key))
 
     def force_release(self, key: str) -> int:
         validate_key(key)
         return self._retry(f"force_release({key!r})", lambda: self._force_release(key))
 
     def prune(self, older_than: float) -> int:
-        cutoff = time.time() - check_age(older_than)
-        finished = self._read([etcd.get(self._k("done"), prefix=True)]).kvs(1)
-        old = [kv for kv in finished if json.loads(kv.value)["finished_at"] <= cutoff]
-        return sum(self.gw.txn([etcd.created(kv.key, kv.create)], self._wipe(kv)).succeeded for kv in old)
+        return records.prune(self, older_than)
 
     def advance(self, gap: int) -> int:
         """Raise the token offset by ``gap``: tokens are revisions plus an offset (etcd 3.4 cannot bump its
@@ -156,37 +140,10 @@ class EtcdStore:
         return self._retry(f"advance({gap})", lambda: self._advance(gap))
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
-        """Keys held without a lock (expired), not done, dead or recovered within ``grace``. etcd does not say
-        when a lock expired: the first call that sees it expired stamps the ``held`` marker with its clock,
-        and ``grace`` counts from that stamp."""
-        grace, now, late = check_age(grace), time.time(), []
-        found = self._records([etcd.get(self._k(kind), prefix=True) for kind in _KINDS])
-        idle = {key: r for key, r in found.items() if _idle(r)}
-        for key, r in idle.items():
-            if not r["held"].value:  # first seen expired: stamp it, unless a lock was taken meanwhile
-                guard = [etcd.modified(r["held"].key, r["held"].mod), etcd.created(self._k("lock", key), 0)]
-                self.gw.txn(guard, [etcd.put(r["held"].key, repr(now))])
-            expired_at = float(r["held"].value or now)
-            if max(expired_at, _recovery(r)["at"]) <= now - grace:
-                late.append((expired_at, key))
-        return [self._abandoned(key, idle[key]) for _, key in sorted(late)[:limit]]
+        return records.abandoned(self, grace, limit)
 
     def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
-        k = {kind: self._k(kind, validate_key(seen.key)) for kind in _KINDS}
-        r = self._records([etcd.get(name) for name in k.values()]).get(seen.key, {})
-        if not _idle(r) or self._abandoned(seen.key, r) != seen:
-            return None  # taken over, finished, dead, or recovered first
-        unchanged = [etcd.modified(k[kind], r[kind].mod if kind in r else 0) for kind in _KINDS]
-        count, dead = seen.recoveries, seen.recoveries >= max_recoveries
-        lease = Lease(seen.key, seen.token, json.loads(r["state"].value)["owner"] or "")
-        if dead:
-            reason = reason or f"gave up after {count} recoveries"
-            ops = [etcd.put(k["dead"], reason), self._event(lease, "dead", reason)]
-        else:
-            count += 1
-            ops = [self._event(lease, "recovered", str(count))]
-        ops.append(etcd.put(k["recovery"], json.dumps({"count": count, "at": time.time()})))
-        return (0 if dead else count) if self.gw.txn(unchanged, ops).succeeded else None
+        return records.recover(self, seen, max_recoveries, reason)
 
     def close(self) -> None:
         """Close the HTTP session; the etcd leases run out by their ttl. Idempotent."""
@@ -322,34 +279,8 @@ class EtcdStore:
                 by_key.setdefault(unquote(kv.key[len(self._k(kind)) :]), {})[kind] = kv
         return by_key
 
-    def _states(self, ranges: list[Op]) -> list[LeaseState]:
-        """The states read by ``ranges``, with the time left on live locks."""
-        by_key = self._records(ranges)
-        ids = {found["lock"].lease for found in by_key.values() if "lock" in found}
-        ttls = {lease_id: self.gw.time_to_live(lease_id) for lease_id in ids}
-        return [self._state(key, found, ttls) for key, found in sorted(by_key.items()) if "state" in found]
-
-    def _state(self, key: str, found: Mapping[str, KV], ttls: Mapping[int, int]) -> LeaseState:
-        info, done, lock = json.loads(found["state"].value), found.get("done"), found.get("lock")
-        expires_in = None if lock is None and "held" not in found else 0.0  # 0.0: expired, not taken over
-        if lock is not None:
-            expires_in = max(0.0, float(ttls.get(lock.lease, 0)))
-        result = None if done is None else codec.loads(json.loads(done.value)["result"])
-        token = self._epochs.token(found["state"].mod)
-        dead = found["dead"].value if "dead" in found else None
-        return LeaseState(key, token, info["owner"], expires_in, done is not None, result, dead)
-
-    def _abandoned(self, key: str, r: Mapping[str, KV]) -> Abandoned:
-        run = codec.loads(json.loads(r["state"].value)["run"])
-        return Abandoned(key, self._epochs.token(r["state"].mod), run, _recovery(r)["count"])
-
     def _free(self, key: str) -> list[Op]:
         return [etcd.delete(self._k("lock", key)), etcd.delete(self._k("held", key))]
-
-    def _wipe(self, done: KV) -> list[Op]:
-        key = unquote(done.key[len(self._k("done")) :])
-        deletes = [etcd.delete(self._k(kind, key)) for kind in _KINDS]
-        return [*deletes, etcd.delete(self._k("steps", key) + "/", prefix=True)]
 
     def _event(self, lease: Lease, event: str, detail: str | None = None) -> Op:
         """A history put. Token 0: the revision of its own ``Txn`` (acquire, takeover); owner "": none."""
@@ -364,12 +295,3 @@ class EtcdStore:
 
 def _order(kv: KV) -> tuple[int, str]:
     return kv.create, kv.key
-
-
-def _idle(r: Mapping[str, KV]) -> bool:
-    """Abandoned with no grace: held but without a lock (expired), not done, not dead."""
-    return "held" in r and "state" in r and not {"lock", "done", "dead"} & r.keys()
-
-
-def _recovery(r: Mapping[str, KV]) -> dict[str, Any]:
-    return json.loads(r["recovery"].value) if "recovery" in r else {"count": 0, "at": 0.0}

@@ -1,0 +1,129 @@
+"""Reading the etcd store's per-key records: states, history, and the abandoned runs that recovery
+(:mod:`celery_fence.recovery`) sends again.
+
+Per lease key (percent-encoded, so without ``/``) under the prefix: ``lock/<key>`` on the process's etcd
+lease, there iff the lease is live, its ``create_revision`` the token (the acquiring ``Txn``'s revision);
+``state/<key>`` (owner, run), put only by acquire and force_release, so its ``mod_revision`` is the latest
+token; ``held/<key>`` from acquire to release, complete or force_release (held but no lock: expired, the next
+acquire is a takeover; its value is when ``abandoned`` first saw that); ``done/<key>`` (token, result,
+finished_at); ``dead/<key>``, ``recovery/<key>`` (count, at); ``steps/<key>/<name>``; ``history/<key>/<uuid>``
+in ``create_revision`` order; ``meta/offset`` (:meth:`EtcdStore.advance`).
+
+etcd does not say when a lock expired: the first ``abandoned`` call that sees a key held without a lock
+stamps its ``held`` marker with its clock, and ``grace`` counts from that stamp. ``recover`` claims a key in
+one ``Txn`` comparing every per-key record with what ``abandoned`` saw, so one recoverer wins.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from .. import codec
+from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key
+from . import etcd_gateway as etcd
+from .etcd_gateway import KV, Op
+from .validation import check_age
+
+if TYPE_CHECKING:
+    from .etcd import EtcdStore
+
+__all__ = ["abandoned", "history", "prune", "recover", "states"]
+
+KINDS = ("state", "lock", "held", "done", "dead", "recovery")  # per-key records, in read order
+
+
+def states(store: EtcdStore, ranges: list[Op]) -> list[LeaseState]:
+    """The states read by ``ranges`` (one per kind, in ``KINDS`` order), with the time left on live locks."""
+    by_key = store._records(ranges)
+    ids = {found["lock"].lease for found in by_key.values() if "lock" in found}
+    ttls = {lease_id: store.gw.time_to_live(lease_id) for lease_id in ids}
+    return [_state(store, key, found, ttls) for key, found in sorted(by_key.items()) if "state" in found]
+
+
+def _state(store: EtcdStore, key: str, found: Mapping[str, KV], ttls: Mapping[int, int]) -> LeaseState:
+    info, done, lock = json.loads(found["state"].value), found.get("done"), found.get("lock")
+    expires_in = None if lock is None and "held" not in found else 0.0  # 0.0: expired, not taken over
+    if lock is not None:
+        expires_in = max(0.0, float(ttls.get(lock.lease, 0)))
+    result = None if done is None else codec.loads(json.loads(done.value)["result"])
+    token = store._epochs.token(found["state"].mod)
+    dead = found["dead"].value if "dead" in found else None
+    return LeaseState(key, token, info["owner"], expires_in, done is not None, result, dead)
+
+
+def history(store: EtcdStore, key: str | None) -> list[HistoryEvent]:
+    """Events in revision order; ``at`` (the writer's clock) is made non-decreasing along it."""
+    start = store._k("history") if key is None else store._k("history", key) + "/"
+    events, at = [], -math.inf
+    for kv in sorted(store._read([etcd.get(start, prefix=True)]).kvs(1), key=lambda kv: (kv.create, kv.key)):
+        e = json.loads(kv.value)
+        at = max(at, e["at"])
+        token = store._epochs.token(kv.create) if e["token"] is None else e["token"]
+        events.append(HistoryEvent(at, e["event"], token, e["owner"], e["detail"], key=e["key"]))
+    return events
+
+
+def prune(store: EtcdStore, older_than: float) -> int:
+    """Delete every record of keys finished before ``older_than`` seconds ago (writer clocks)."""
+    cutoff = time.time() - check_age(older_than)
+    finished = store._read([etcd.get(store._k("done"), prefix=True)]).kvs(1)
+    old = [kv for kv in finished if json.loads(kv.value)["finished_at"] <= cutoff]
+    return sum(store.gw.txn([etcd.created(kv.key, kv.create)], _wipe(store, kv)).succeeded for kv in old)
+
+
+def _wipe(store: EtcdStore, done: KV) -> list[Op]:
+    key = unquote(done.key[len(store._k("done")) :])
+    deletes = [etcd.delete(store._k(kind, key)) for kind in KINDS]
+    return [*deletes, etcd.delete(store._k("steps", key) + "/", prefix=True)]
+
+
+def abandoned(store: EtcdStore, grace: float, limit: int) -> list[Abandoned]:
+    """Keys held without a lock (expired), not done, dead or recovered within ``grace``."""
+    grace, now, late = check_age(grace), time.time(), []
+    found = store._records([etcd.get(store._k(kind), prefix=True) for kind in KINDS])
+    idle = {key: r for key, r in found.items() if _idle(r)}
+    for key, r in idle.items():
+        if not r["held"].value:  # first seen expired: stamp it, unless a lock was taken meanwhile
+            guard = [etcd.modified(r["held"].key, r["held"].mod), etcd.created(store._k("lock", key), 0)]
+            store.gw.txn(guard, [etcd.put(r["held"].key, repr(now))])
+        expired_at = float(r["held"].value or now)
+        if max(expired_at, _recovery(r)["at"]) <= now - grace:
+            late.append((expired_at, key))
+    return [_abandoned(store, key, idle[key]) for _, key in sorted(late)[:limit]]
+
+
+def recover(store: EtcdStore, seen: Abandoned, max_recoveries: int, reason: str) -> int | None:
+    k = {kind: store._k(kind, validate_key(seen.key)) for kind in KINDS}
+    r = store._records([etcd.get(name) for name in k.values()]).get(seen.key, {})
+    if not _idle(r) or _abandoned(store, seen.key, r) != seen:
+        return None  # taken over, finished, dead, or recovered first
+    unchanged = [etcd.modified(k[kind], r[kind].mod if kind in r else 0) for kind in KINDS]
+    count, dead = seen.recoveries, seen.recoveries >= max_recoveries
+    lease = Lease(seen.key, seen.token, json.loads(r["state"].value)["owner"] or "")
+    if dead:
+        reason = reason or f"gave up after {count} recoveries"
+        ops = [etcd.put(k["dead"], reason), store._event(lease, "dead", reason)]
+    else:
+        count += 1
+        ops = [store._event(lease, "recovered", str(count))]
+    ops.append(etcd.put(k["recovery"], json.dumps({"count": count, "at": time.time()})))
+    return (0 if dead else count) if store.gw.txn(unchanged, ops).succeeded else None
+
+
+def _abandoned(store: EtcdStore, key: str, r: Mapping[str, KV]) -> Abandoned:
+    run = codec.loads(json.loads(r["state"].value)["run"])
+    return Abandoned(key, store._epochs.token(r["state"].mod), run, _recovery(r)["count"])
+
+
+def _idle(r: Mapping[str, KV]) -> bool:
+    """Abandoned with no grace: held but without a lock (expired), not done, not dead."""
+    return "held" in r and "state" in r and not {"lock", "done", "dead"} & r.keys()
+
+
+def _recovery(r: Mapping[str, KV]) -> dict[str, Any]:
+    return json.loads(r["recovery"].value) if "recovery" in r else {"count": 0, "at": 0.0}
