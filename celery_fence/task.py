@@ -47,6 +47,8 @@ __all__ = ["FencedTask"]
 
 log = logging.getLogger(__name__)
 
+ACQUIRE_ATTEMPTS = 3
+
 
 class FencedTask(Task):  # type: ignore[misc]  # celery ships no type information
     """Base class for fenced tasks: ``@app.task(base=FencedTask, bind=True, fence_key="order:{order_id}")``.
@@ -87,9 +89,8 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             self.fence_lease_ttl, self.fence_on_busy, self.fence_interrupt
         )
         key, is_task_id = derive_key(self, args, kwargs)
-        sent_at = time.monotonic()
         try:
-            lease = runtime.store.acquire(key, new_owner(), config.policy.ttl, self._run_info(args, kwargs))
+            lease, sent_at = self._acquire(runtime, config, key, self._run_info(args, kwargs))
         except AlreadyDone as done:
             log.info("fence: duplicate delivery of %s absorbed: already done (token %d)", key, done.token)
             send_fence_event(
@@ -98,7 +99,26 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             return done.result
         except LeaseHeld as held:
             return self._on_busy(held, config, is_task_id)
+        except StoreUnavailable as exc:  # nothing started and no lease held: Celery may simply retry
+            log.warning("fence: store unavailable for %s, retrying the task: %s", key, exc)
+            return self.retry(exc=exc, countdown=config.policy.interval)
         return self._run_fenced(runtime, config, lease, sent_at, args, kwargs)
+
+    def _acquire(
+        self, runtime: FenceRuntime, config: FenceConfig, key: str, run: dict[str, Any]
+    ) -> tuple[Lease, float]:
+        """Acquire, retrying a store hiccup a few times with the same owner: an acquire that committed but
+        whose answer was lost is then found again (a store returns its own owner's live lease)."""
+        owner = new_owner()
+        for attempt in range(ACQUIRE_ATTEMPTS):
+            sent_at = time.monotonic()
+            try:
+                return runtime.store.acquire(key, owner, config.policy.ttl, run), sent_at
+            except StoreUnavailable:
+                if attempt == ACQUIRE_ATTEMPTS - 1:
+                    raise
+                time.sleep(min(0.5, config.policy.interval / 4) * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def _run_fenced(
         self,

@@ -165,3 +165,52 @@ def test_a_superseded_run_stores_nothing(app: Celery, store: Store) -> None:
     state = store.get("k")
     assert state is not None and not state.done and state.result is None
     assert [e for e, _ in events(store, "k")] == ["acquire", "admin-release", "refused"]
+
+
+def test_an_acquire_whose_answer_was_lost_is_found_again_with_the_same_owner(
+    app: Celery, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_fence import StoreUnavailable
+    from celery_fence import task as task_module
+
+    monkeypatch.setattr(task_module.time, "sleep", lambda _s: None)
+    real_acquire, owners = store.acquire, []
+
+    def lossy(key: str, owner: str, ttl: float, run: Any = None) -> Any:
+        owners.append(owner)
+        lease = real_acquire(key, owner, ttl, run)
+        if len(owners) == 1:
+            raise StoreUnavailable("the answer was lost")  # committed, but the caller never heard
+        return lease
+
+    monkeypatch.setattr(store, "acquire", lossy)
+
+    @app.task(base=FencedTask, bind=True)
+    def once(self: Any) -> int:
+        return self.fence.token
+
+    assert once.apply(task_id="t-lost").get() == 1  # its own lease, not a LeaseHeld against itself
+    assert len(set(owners)) == 1 and len(owners) == 2
+
+
+def test_a_store_that_stays_down_makes_the_task_retry(
+    app: Celery, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_fence import StoreUnavailable
+    from celery_fence import task as task_module
+
+    monkeypatch.setattr(task_module.time, "sleep", lambda _s: None)
+
+    def down(*_args: Any, **_kwargs: Any) -> Any:
+        raise StoreUnavailable("down")
+
+    monkeypatch.setattr(store, "acquire", down)
+    ran: list[int] = []
+
+    @app.task(base=FencedTask, bind=True, max_retries=2)
+    def never(self: Any) -> None:
+        ran.append(1)
+
+    result = never.apply(task_id="t-down")
+    assert result.failed() and isinstance(result.result, StoreUnavailable)
+    assert ran == []  # the body never ran without a lease
