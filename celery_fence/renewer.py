@@ -1,5 +1,5 @@
-"""The per-process renewer: one thread renews every lease held in its process, one store round trip per
-ttl per interval. No Celery import.
+"""The per-process renewer: one thread renews every lease held in its process that is due, one store round
+trip per ttl per interval. No Celery import.
 
 A lease is lost when the store refuses its renew, or when no renew succeeded before its local monotonic
 deadline (the store may be unreachable; the worker must then assume the store expired it). Loss is never
@@ -31,6 +31,15 @@ class _Tracked:
     policy: LeasePolicy
     deadline: float  # local monotonic time after which the lease counts as lost
     on_lost: OnLost
+    sent_at: float  # when its acquire or last successful renew was sent
+
+    def due(self, now: float) -> bool:
+        """Skip a lease renewed (or acquired) under half an interval ago: a short task is never renewed.
+
+        The next pass comes within an interval, so a skipped lease is renewed by 1.5 intervals (< 0.75 ttl),
+        before its local deadline (0.9 ttl).
+        """
+        return now - self.sent_at >= self.policy.interval / 2
 
 
 class Renewer:
@@ -47,7 +56,7 @@ class Renewer:
     def track(self, lease: Lease, policy: LeasePolicy, sent_at: float, on_lost: OnLost) -> None:
         """Renew ``lease`` until :meth:`untrack`; ``sent_at`` is when its acquire was sent."""
         with self._lock:
-            self._leases[lease] = _Tracked(policy, policy.deadline(sent_at), on_lost)
+            self._leases[lease] = _Tracked(policy, policy.deadline(sent_at), on_lost, sent_at)
             self.interval = min(self.interval, policy.interval)
         self._ensure_thread()
 
@@ -61,10 +70,12 @@ class Renewer:
 
     def tick(self) -> None:
         """Renew every tracked lease (one call per distinct ttl), then expire overdue ones locally."""
+        now = self.clock()
         with self._lock:
             by_ttl: dict[float, list[Lease]] = {}
             for lease, tracked in self._leases.items():
-                by_ttl.setdefault(tracked.policy.ttl, []).append(lease)
+                if tracked.due(now):
+                    by_ttl.setdefault(tracked.policy.ttl, []).append(lease)
         try:
             for ttl, leases in by_ttl.items():
                 self._renew(leases, ttl)
@@ -89,7 +100,7 @@ class Renewer:
                 with self._lock:
                     tracked = self._leases.get(lease)
                     if tracked is not None:
-                        tracked.deadline = tracked.policy.deadline(sent_at)
+                        tracked.deadline, tracked.sent_at = tracked.policy.deadline(sent_at), sent_at
 
     def _expire_overdue(self) -> None:
         now = self.clock()

@@ -67,6 +67,19 @@ def renewer(store: MemoryStore, mono: FakeClock, monkeypatch: pytest.MonkeyPatch
     return Renewer(store, 10.0, clock=mono)
 
 
+def test_a_lease_acquired_under_half_an_interval_ago_is_not_renewed_yet(
+    store: MemoryStore, renewer: Renewer, mono: FakeClock, calls: Calls
+) -> None:
+    """A task shorter than half the renew interval costs no renew at all."""
+    hold(store, renewer, mono, "fresh")
+    mono.advance(4.9)
+    renewer.tick()
+    assert calls.log == []
+    mono.advance(0.1)
+    renewer.tick()
+    assert [lease.key for lease in calls.log[0][0]] == ["fresh"]
+
+
 def hold(
     store: MemoryStore, renewer: Renewer, mono: FakeClock, key: str, ttl: float = 30.0, on_lost: Any = None
 ) -> Lease:
@@ -91,6 +104,9 @@ def test_one_renew_call_per_tick_for_any_number_of_leases(
     state = store.get(leases[-1].key)
     assert state is not None and state.expires_in == pytest.approx(30.0)  # renewed from the store's now
     renewer.tick()
+    assert len(calls.log) == 1  # just renewed: not due yet
+    mono.advance(10)
+    renewer.tick()
     assert len(calls.log) == 2 and renewer.round_trips == 2
 
 
@@ -100,6 +116,7 @@ def test_one_renew_call_per_distinct_ttl(
     by_ttl = {
         ttl: [hold(store, renewer, mono, f"{ttl}-{i}", ttl) for i in range(3)] for ttl in (6.0, 30.0, 90.0)
     }
+    mono.advance(15.0)  # due, even for ttl 90 (interval 30)
     renewer.tick()
     assert renewer.round_trips == 3
     assert {ttl: sorted(sent, key=lambda lease: lease.token) for sent, ttl in calls.log} == by_ttl
@@ -129,6 +146,7 @@ def test_a_taken_over_lease_is_reported_lost_once(
     thief = store.acquire("k", "thief", 30)  # ... and someone takes it over
     assert thief.token > mine.token
     calls.real([other], 30)  # "other" stays live (not counted)
+    mono.advance(5.0)  # due: half an interval since the acquire
     renewer.tick()
     assert lost.seen == [(mine, TAKEN_OVER)]
     assert renewer.held() == [other]
@@ -145,6 +163,7 @@ def test_a_released_lease_is_reported_lost(store: MemoryStore, renewer: Renewer,
     lost = Lost()
     lease = hold(store, renewer, mono, "k", on_lost=lost)
     store.release(lease)
+    mono.advance(5.0)  # due: half an interval since the acquire
     renewer.tick()
     assert lost.seen == [(lease, TAKEN_OVER)]
     assert renewer.held() == []
@@ -217,6 +236,7 @@ def test_a_raising_callback_does_not_stop_the_others(
     clock.advance(31)
     store.acquire("a", "thief", 30)
     store.acquire("b", "thief", 30)
+    mono.advance(5.0)  # due: half an interval since the acquire
     renewer.tick()
     assert second.seen == [(second_lease, TAKEN_OVER)]
     assert renewer.held() == []
@@ -229,6 +249,7 @@ def test_a_renew_failure_is_logged_not_silent(
 ) -> None:
     hold(store, renewer, mono, "k")
     calls.fail = StoreUnavailable("down")
+    mono.advance(5.0)  # due: half an interval since the acquire
     renewer.tick()
     assert any("renew" in r.getMessage() and "down" in r.getMessage() for r in caplog.records)
 
@@ -243,6 +264,7 @@ def test_untrack_stops_renewing(
     renewer.untrack(gone)  # twice is harmless
     assert renewer.held() == [kept]
     clock.advance(20)
+    mono.advance(5.0)  # due: half an interval since the acquire
     renewer.tick()
     assert calls.log == [([kept], 30.0)]
     gone_state = store.get("gone")
