@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import StoreUnavailable
+from .failpoints import failpoint
 from .lease import Lease, LeasePolicy
 from .stores.base import Store
 
@@ -83,6 +84,7 @@ class Renewer:
             self._expire_overdue()
 
     def _renew(self, leases: list[Lease], ttl: float) -> None:
+        failpoint("before-renew")
         sent_at = self.clock()
         self.round_trips += 1
         try:

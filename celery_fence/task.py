@@ -36,6 +36,7 @@ from .errors import (
     StoreUnavailable,
 )
 from .events import send_fence_event
+from .failpoints import failpoint
 from .fence import Fence
 from .keys import derive_key
 from .lease import Lease, new_owner
@@ -110,10 +111,13 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         """Acquire, retrying a store hiccup a few times with the same owner: an acquire that committed but
         whose answer was lost is then found again (a store returns its own owner's live lease)."""
         owner = new_owner()
+        failpoint("before-acquire")
         for attempt in range(ACQUIRE_ATTEMPTS):
             sent_at = time.monotonic()
             try:
-                return runtime.store.acquire(key, owner, config.policy.ttl, run), sent_at
+                lease = runtime.store.acquire(key, owner, config.policy.ttl, run)
+                failpoint("after-acquire")
+                return lease, sent_at
             except StoreUnavailable:
                 if attempt == ACQUIRE_ATTEMPTS - 1:
                     raise
@@ -166,6 +170,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     def _complete(self, runtime: FenceRuntime, config: FenceConfig, fence: Fence, result: Any) -> None:
         """Complete with the token; retry a store hiccup until the local deadline."""
         deadline = time.monotonic() + config.policy.ttl - config.policy.margin
+        failpoint("before-complete")
         while True:
             try:
                 runtime.store.complete(fence.lease, result)

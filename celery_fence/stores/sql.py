@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Row, inspect, text
 
 from .. import codec
 from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
+from ..failpoints import failpoint
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from .sql_engine import SessionLimits, create_store_engine, translate_errors
 from .sql_queries import queries_for
@@ -130,6 +131,7 @@ class SQLStore:
         if not current:
             conn.close()
             self._refuse_now(lease, f"step {step}" if step else "write")
+        failpoint("after-guard")
         try:
             yield conn
             with translate_errors(self.url):

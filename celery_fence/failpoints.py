@@ -1,0 +1,41 @@
+"""Deterministic failpoints, so fault tests force a race instead of hoping for it.
+
+Off (one cached lookup) unless the environment variable ``CELERY_FENCE_FAILPOINTS`` names a folder. Then,
+at a point named ``NAME``, the process writes ``<folder>/NAME.<pid>.reached`` and, while
+``<folder>/NAME.block`` exists, waits: a test creates the block file, waits for the ``reached`` file, does
+its damage (SIGKILL, a killed connection, a takeover) and removes the block file.
+
+Points: ``before-acquire``, ``after-acquire``, ``before-renew``, ``before-complete``, ``after-guard``
+(a fenced transaction checked and locked the lease row; the caller's writes come next).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from pathlib import Path
+
+__all__ = ["ENV", "failpoint"]
+
+ENV = "CELERY_FENCE_FAILPOINTS"
+POINTS = ("before-acquire", "after-acquire", "before-renew", "before-complete", "after-guard")
+
+
+@functools.cache
+def _folder() -> Path | None:
+    value = os.environ.get(ENV)
+    return Path(value) if value else None
+
+
+def failpoint(name: str) -> None:
+    """Block at ``name`` while a test holds it; nothing at all when failpoints are off."""
+    folder = _folder()
+    if folder is None:
+        return
+    block = folder / f"{name}.block"
+    if not block.exists():
+        return
+    (folder / f"{name}.{os.getpid()}.reached").write_text(str(time.time()))
+    while block.exists():
+        time.sleep(0.01)
