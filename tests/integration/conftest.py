@@ -16,10 +16,11 @@ from sqlalchemy import Engine, text
 
 from tests.contract.harness import HARNESSES, pg_schema_store
 
-from .fenced_app import accounts
+from .fenced_app import accounts, ledger
 from .workers import Worker
 
 STORES = ("postgresql", "redis", "etcd")
+ALL_STORES = ("postgresql", "sqlite", "redis", "etcd")
 
 
 def on_every_store(**options: str) -> list[Any]:
@@ -50,21 +51,22 @@ class Cluster:
 
     def effects(self, key: str) -> list[tuple[Any, ...]]:
         """Every accepted effect of ``key`` as ``(key, token, task_id, pid)``, however it was written."""
+        logged = text("SELECT key, token, task_id, pid FROM fence_it_effects WHERE key = :k")
+        guarded = text("SELECT key, token, task_id, pid, writes FROM fence_it_accounts WHERE key = :k")
+        with effects_engine(self.store, self.user_db).connect() as conn:
+            rows = [tuple(r) for r in conn.execute(logged, {"k": key})]
         with self.user_db.connect() as conn:
-            rows = [
-                tuple(r)
-                for r in conn.execute(
-                    text("SELECT key, token, task_id, pid FROM fence_it_effects WHERE key = :k"), {"k": key}
-                )
-            ]
-            guarded = conn.execute(
-                text("SELECT key, token, task_id, pid, writes FROM fence_it_accounts WHERE key = :k"),
-                {"k": key},
-            ).all()
-        return rows + [tuple(r[:4]) for r in guarded for _ in range(r.writes)]
+            counted = conn.execute(guarded, {"k": key}).all()
+        return rows + [tuple(r[:4]) for r in counted for _ in range(r.writes)]
 
     def events(self, key: str) -> list[tuple[str, int]]:
         return [(e.event, e.token) for e in self.store.history(key)]
+
+
+def effects_engine(store: Any, user_db: Engine) -> Engine:
+    """Fenced transactions write where the lease rows are: the store's own database when it is SQL."""
+    engine: Engine = getattr(store, "engine", user_db)
+    return engine
 
 
 @contextlib.contextmanager
@@ -93,11 +95,13 @@ def cluster(
         _lease_store(params.get("store", "postgresql"), user_db, request) as store,
     ):
         store.migrate()
-        with user_db.engine.begin() as conn:
+        with effects_engine(store, user_db.engine).begin() as conn:
             conn.execute(
                 text("CREATE TABLE fence_it_effects (key TEXT, token BIGINT, task_id TEXT, pid INT)")
             )
         accounts.create(user_db.engine)
+        ledger.create(effects_engine(store, user_db.engine), checkfirst=True)
+        ledger.create(user_db.engine, checkfirst=True)
         queue = f"fence-it-{uuid.uuid4().hex[:8]}"
         env = {
             "FENCE_IT_BROKER": f"{redis_base}/14",

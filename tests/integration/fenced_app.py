@@ -11,7 +11,7 @@ from celery import Celery
 from sqlalchemy import BigInteger, Column, Engine, Integer, MetaData, Table, Text, create_engine, text
 from sqlalchemy.dialects.postgresql import insert
 
-from celery_fence import FencedTask, fenced_update
+from celery_fence import FencedTask, StaleToken, fenced_update
 from celery_fence.stores.base import FencedConnectionStore
 
 env = os.environ.get
@@ -107,3 +107,43 @@ def sleeper(self: Any, seconds: float) -> str:
     finally:
         mark(self, "ended")
     return "slept"
+
+
+# The chaos suite's task: one ledger row per key, whatever the faults. On a SQL store the row commits
+# with its step record (atomic_step); elsewhere a token-guarded upsert inside a step (idempotent per key,
+# and a stale token cannot overwrite a newer one).
+ledger = Table(
+    "fence_it_ledger", MetaData(),
+    Column("key", Text, primary_key=True),
+    Column("token", BigInteger), Column("pid", Integer), Column("fence_token", BigInteger),
+)
+
+
+def _ledger_in_transaction(conn: Any, key: str, token: int) -> int:
+    conn.execute(ledger.insert().values(key=key, token=token, pid=os.getpid(), fence_token=token))
+    return token
+
+
+def _ledger_guarded(key: str, token: int) -> int:
+    row = {"key": key, "token": token, "pid": os.getpid(), "fence_token": token}
+    upsert = insert(ledger).values(row).on_conflict_do_update(
+        index_elements=[ledger.c.key], set_=row, where=ledger.c.fence_token <= token
+    )
+    with user_db().begin() as conn:
+        if conn.execute(upsert).rowcount == 0:
+            raise StaleToken(ledger.name, token, None, "ledger upsert")
+    return token
+
+
+@app.task(base=FencedTask, bind=True)
+def chaos(self: Any, item: Any, pause: float = 0.0) -> dict[str, Any]:
+    first_run = not any(MARKS.glob(f"{self.request.id}.*.started"))
+    mark(self, "started")
+    time.sleep(pause if first_run else 0.0)
+    fence = self.fence
+    if isinstance(fence.store, FencedConnectionStore):
+        written = fence.atomic_step("ledger", _ledger_in_transaction, fence.key, fence.token)
+    else:
+        written = fence.step("ledger", _ledger_guarded, fence.key, fence.token)
+    mark(self, "wrote")
+    return {"item": item, "ledger": written, "token": fence.token, "pid": os.getpid()}

@@ -110,8 +110,8 @@ def test_url_for_points_a_store_url_at_the_proxy() -> None:
     url = "postgresql+psycopg://app:s3cret@127.0.0.1:5432/shop?options=-csearch_path%3Dx"
     with StoreProxy.for_url(url) as proxy:
         assert proxy.target == ("127.0.0.1", 5432)
-        moved = proxy.url_for(url)
-        assert moved == f"postgresql+psycopg://app:s3cret@127.0.0.1:{proxy.port}/shop?options=-csearch_path%3Dx"
+        expected = f"postgresql+psycopg://app:s3cret@127.0.0.1:{proxy.port}/shop?options=-csearch_path%3Dx"
+        assert proxy.url_for(url) == expected
         with pytest.raises(ValueError, match="does not point at"):
             proxy.url_for("postgresql://127.0.0.1:5433/shop")
     with StoreProxy.for_url("redis://localhost/15") as proxy:

@@ -39,9 +39,11 @@ class Worker:
         pool: str = "prefork",
         concurrency: int = 1,
         extra: tuple[str, ...] = (),
+        prefix: tuple[str, ...] = (),
     ) -> None:
         self.name, self.log = name, workdir / f"{name}.log"
         cmd = [
+            *prefix,  # e.g. faketime -f +300s
             CELERY,
             "-A",
             "tests.integration.fenced_app",
@@ -70,6 +72,18 @@ class Worker:
                 cmd, env=full_env, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=stderr
             )
         wait_for(lambda: self.log.exists() and "ready." in self.log.read_text(), 60, f"{name} ready")
+
+    def children(self) -> list[int]:
+        """The pool's processes (the worker's own children), from /proc."""
+        found = []
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                ppid = next(line for line in status.read_text().splitlines() if line.startswith("PPid:"))
+            except (OSError, StopIteration):
+                continue
+            if int(ppid.split()[1]) == self.proc.pid:
+                found.append(int(status.parent.name))
+        return found
 
     def log_text(self) -> str:
         return self.log.read_text() if self.log.exists() else ""

@@ -1,0 +1,179 @@
+"""The fault matrix: each fault, on each store it applies to, on real ``celery worker`` processes.
+
+Every case runs ``FENCE_SOAK_RUNS`` faulted runs (20 in CI; ``make soak`` runs 1,000) in batches of
+``BATCH`` (one per pool process), then checks the same invariants (checks.settle_and_check).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import ALL_STORES, Cluster
+from tests.integration.fenced_app import chaos
+from tests.integration.workers import marks, wait_for
+
+from .checks import RUNS, settle_and_check
+
+pytestmark = pytest.mark.chaos
+BATCH = 10
+
+
+def every_store(*names: str, **options: str) -> list[Any]:
+    return [pytest.param({"store": name, **options}, id=name) for name in names or ALL_STORES]
+
+
+def _batches(runs: int) -> list[int]:
+    return [min(BATCH, runs - start) for start in range(0, runs, BATCH)]
+
+
+def _expired(cluster: Cluster, key: str) -> bool:
+    state = cluster.store.get(key)
+    return state is None or state.expires_in is None or state.expires_in <= 0
+
+
+def _send(queue: str, count: int, pause: float) -> list[str]:
+    ids = [str(uuid.uuid4()) for _ in range(count)]
+    for task_id in ids:
+        chaos.apply_async((task_id,), {"pause": pause}, task_id=task_id, queue=queue)
+    return ids
+
+
+def _started_pids(cluster: Cluster, ids: list[str]) -> list[int]:
+    found = wait_for(
+        lambda: (
+            [marks(cluster.workdir, i, "started") for i in ids]
+            if all(marks(cluster.workdir, i, "started") for i in ids)
+            else None
+        ),
+        60,
+        "every run to start",
+    )
+    return [runs[0][0] for runs in found]
+
+
+@pytest.mark.parametrize("cluster", every_store(), indirect=True)
+def test_paused_past_ttl(cluster: Cluster, request: pytest.FixtureRequest) -> None:
+    """SIGSTOP runs past their lease, redeliver them elsewhere, SIGCONT: the stale runs are refused."""
+    cluster.worker("a", queues=f"{cluster.queue}-a", concurrency=BATCH)
+    cluster.worker("b", queues=f"{cluster.queue}-b", concurrency=BATCH)
+    keys: list[str] = []
+    for size in _batches(RUNS):
+        ids = _send(f"{cluster.queue}-a", size, pause=3.0)
+        pids = _started_pids(cluster, ids)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_for(
+                lambda ids=ids: all(_expired(cluster, i) for i in ids), 30, "the paused leases to expire"
+            )
+            for task_id in ids:
+                chaos.apply_async((task_id,), task_id=task_id, queue=f"{cluster.queue}-b")
+            wait_for(lambda ids=ids: all(cluster.store.get(i).done for i in ids), 60, "the takeovers")
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        refused = lambda ids=ids: all("refused" in [e for e, _ in cluster.events(i)] for i in ids)  # noqa: E731
+        wait_for(refused, 60, "every stale run to be refused")
+        keys += ids
+    tally = settle_and_check(cluster, request.node.callspec.id, "paused past ttl", keys)
+    assert tally.takeovers >= len(keys) and tally.refused >= len(keys)
+
+
+@pytest.mark.parametrize("cluster", every_store(), indirect=True)
+def test_killed_mid_body(cluster: Cluster, request: pytest.FixtureRequest) -> None:
+    """SIGKILL runs mid-body: acks_late + reject_on_worker_lost redeliver them; the new runs take over."""
+    worker = cluster.worker(
+        "a", concurrency=BATCH, extra=("--fence-recover", "--fence-recover-interval", "1")
+    )
+    keys: list[str] = []
+    for size in _batches(RUNS):
+        ids = _send(cluster.queue, size, pause=30.0)
+        for pid in _started_pids(cluster, ids):
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda ids=ids: all(cluster.store.get(i).done for i in ids), 90, "the killed runs to finish")
+        keys += ids
+    tally = settle_and_check(cluster, request.node.callspec.id, "SIGKILL mid-body", keys)
+    assert tally.takeovers >= len(keys)
+    assert worker.proc.poll() is None
+
+
+@pytest.mark.parametrize("cluster", every_store(), indirect=True)
+def test_killed_between_body_and_completion(cluster: Cluster, request: pytest.FixtureRequest) -> None:
+    """A failpoint holds each run after its body; SIGKILL it there: the effect still happens once."""
+    points = cluster.workdir / "failpoints"
+    points.mkdir()
+    cluster.worker("a", concurrency=BATCH, env={"CELERY_FENCE_FAILPOINTS": str(points)})
+    keys: list[str] = []
+    for size in _batches(RUNS):
+        block = points / "before-complete.block"
+        block.touch()
+        ids = _send(cluster.queue, size, pause=0.0)
+        reached = wait_for(lambda size=size: _reached(points, size), 60, "every run at before-complete")
+        for pid in reached:
+            os.kill(pid, signal.SIGKILL)
+        for path in points.glob("before-complete.*.reached"):
+            path.unlink()
+        block.unlink()
+        wait_for(lambda ids=ids: all(cluster.store.get(i).done for i in ids), 90, "the killed runs to finish")
+        keys += ids
+    tally = settle_and_check(cluster, request.node.callspec.id, "SIGKILL before completion", keys)
+    assert tally.takeovers >= len(keys)
+
+
+def _reached(points: Path, size: int) -> list[int] | None:
+    pids = [int(p.name.split(".")[1]) for p in points.glob("before-complete.*.reached")]
+    return pids if len(pids) >= size else None
+
+
+@pytest.mark.parametrize("cluster", every_store(), indirect=True)
+def test_concurrent_duplicate_deliveries(cluster: Cluster, request: pytest.FixtureRequest) -> None:
+    """Every run delivered five times at once, over two workers."""
+    cluster.worker("a", concurrency=BATCH)
+    cluster.worker("b", concurrency=BATCH)
+    keys = [str(uuid.uuid4()) for _ in range(RUNS)]
+    for task_id in keys:
+        for _ in range(5):
+            chaos.apply_async((task_id,), {"pause": 0.3}, task_id=task_id)
+    tally = settle_and_check(cluster, request.node.callspec.id, "5 concurrent deliveries", keys)
+    assert tally.takeovers == 0
+
+
+@pytest.mark.parametrize("cluster", every_store(visibility="2"), indirect=True)
+def test_the_brokers_own_redelivery(cluster: Cluster, request: pytest.FixtureRequest) -> None:
+    """Runs longer than Redis's visibility_timeout: the broker delivers running tasks again."""
+    cluster.worker("a", concurrency=BATCH)
+    cluster.worker("b", concurrency=BATCH)
+    keys: list[str] = []
+    for size in _batches(RUNS):
+        ids = _send(cluster.queue, size, pause=4.0)
+        wait_for(
+            lambda ids=ids: all(cluster.store.get(i) and cluster.store.get(i).done for i in ids),
+            90,
+            "the runs to finish",
+        )
+        keys += ids
+    settle_and_check(cluster, request.node.callspec.id, "broker redelivery", keys)
+
+
+@pytest.mark.skipif(not Path("/usr/bin/faketime").exists() and not os.environ.get("CI"), reason="no faketime")
+@pytest.mark.parametrize("cluster", every_store(), indirect=True)
+def test_one_workers_clock_skewed_by_minutes(cluster: Cluster, request: pytest.FixtureRequest) -> None:
+    """A worker whose clock runs five minutes ahead races a normal one: expiry is the store's business."""
+    cluster.worker("skewed", concurrency=BATCH, prefix=("/usr/bin/faketime", "-f", "+300s"))
+    cluster.worker("normal", concurrency=BATCH)
+    keys = [str(uuid.uuid4()) for _ in range(RUNS)]
+    for task_id in keys:
+        for _ in range(3):
+            chaos.apply_async((task_id,), {"pause": 0.5}, task_id=task_id)
+    store = request.node.callspec.id
+    tally = settle_and_check(cluster, store, "worker clock +300s", keys)
+    if store != "sqlite":  # a server's clock judges expiry: nobody's lease looked expired
+        assert tally.takeovers == 0
+    # SQLite's clock is each process's own: the skewed worker sees live leases as expired and takes them
+    # over; the tokens still fence the holders out (settle_and_check found one effect per key, no violation)
