@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -25,9 +26,12 @@ class Fence:
     store, which alone decides.
     """
 
-    def __init__(self, store: Store, lease: Lease) -> None:
+    def __init__(
+        self, store: Store, lease: Lease, deadline: Callable[[], float | None] = lambda: None
+    ) -> None:
         self.store = store
         self.lease = lease
+        self._deadline = deadline  # the local monotonic deadline, kept by the renewer
         self._lost: str | None = None
         self._steps: dict[str, Any] | None = None
         self._lost_event = threading.Event()
@@ -54,7 +58,14 @@ class Fence:
         self._lost_event.set()
 
     def check(self) -> None:
-        """Raise :class:`LeaseLost` if this run's lease is known to be lost."""
+        """Raise :class:`LeaseLost` if this run's lease is known to be lost, or its local deadline passed.
+
+        The deadline is compared here too, so a renew stuck on an unanswering store cannot delay it.
+        """
+        if self._lost is None:
+            deadline = self._deadline()
+            if deadline is not None and time.monotonic() >= deadline:
+                self.mark_lost("no successful renew before the local deadline")
         if self._lost is not None:
             raise LeaseLost(self.key, self.token, self._lost)
 

@@ -65,6 +65,12 @@ class Renewer:
         with self._lock:
             self._leases.pop(lease, None)
 
+    def deadline(self, lease: Lease) -> float | None:
+        """The lease's local monotonic deadline, or ``None`` when it is not tracked (any more)."""
+        with self._lock:
+            tracked = self._leases.get(lease)
+            return None if tracked is None else tracked.deadline
+
     def held(self) -> list[Lease]:
         with self._lock:
             return list(self._leases)

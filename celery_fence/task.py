@@ -133,7 +133,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        fence = Fence(runtime.store, lease)
+        fence = Fence(runtime.store, lease, lambda: runtime.renewer.deadline(lease))
         request = self.request  # the renewer's thread has no request of its own
         request._fence = fence
         fields = {"key": lease.key, "token": lease.token, "task_id": request.id}

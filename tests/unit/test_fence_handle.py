@@ -133,3 +133,16 @@ def test_a_step_of_an_expired_lease_nobody_took_commits(
     clock.advance(300)
     assert fence.step("late but current", lambda: 5) == 5
     assert store.steps("order:1") == {"late but current": 5}
+
+
+def test_check_self_fences_at_the_local_deadline_even_if_the_renewer_is_stuck() -> None:
+    import time
+
+    store = MemoryStore(clock=FakeClock())
+    deadline = [time.monotonic() + 3600.0]
+    fence = Fence(store, store.acquire("k", "w", 30.0), lambda: deadline[0])
+    fence.check()  # well before the deadline
+    deadline[0] = time.monotonic() - 0.001  # the renewer never got an answer in time
+    with pytest.raises(LeaseLost, match="local deadline"):
+        fence.check()
+    assert fence.lost
