@@ -160,6 +160,12 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             return result
         except (LeaseLost, StaleToken) as exc:
             self._refused(runtime, fence, exc)
+        except StoreUnavailable as exc:  # a fenced write's outcome is unknown: run again once it answers
+            log.warning("fence: store unavailable in %s[%s], re-queued: %s", self.name, self.request.id, exc)
+            self._release(runtime, lease)
+            if self.request.is_eager:
+                raise
+            self._requeue(countdown=config.policy.interval)
         except BaseException:
             self._release(runtime, lease)
             raise

@@ -83,7 +83,7 @@ class FakeClock:
 
 
 class StoreProxy(Proxy):
-    """A TCP proxy in front of a store (PostgreSQL, Redis), to cut its connections or slow them down.
+    """A TCP proxy in front of a store (PostgreSQL, Redis, etcd), to cut its connections or slow them down.
 
     Point the workers at :meth:`url_for` of the store's URL. ``cut()`` resets every open connection
     and refuses new ones until ``restore()``; ``delay(seconds)`` holds each chunk that long, both ways.
@@ -108,10 +108,10 @@ class StoreProxy(Proxy):
 
 def _host_port(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
-    defaults = {"postgresql": 5432, "postgres": 5432, "redis": 6379, "rediss": 6379}
+    defaults = {"postgresql": 5432, "postgres": 5432, "redis": 6379, "rediss": 6379, "etcd": 2379}
     scheme = parts.scheme.split("+", 1)[0]
     if scheme not in defaults or not parts.hostname:
-        raise ValueError(f"expected a postgresql:// or redis:// URL with a host, got {url!r}")
+        raise ValueError(f"expected a postgresql://, redis:// or etcd:// URL with a host, got {url!r}")
     return parts.hostname, parts.port or defaults[scheme]
 
 

@@ -66,6 +66,7 @@ def pg_schema_store(base_url: str) -> Iterator[SQLStore]:
         yield store
     finally:
         store.close()
+        admin.engine.dispose()  # a fault test may have killed its pooled connection
         with admin.engine.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.close()
