@@ -59,6 +59,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     ``fence_lease_ttl``, ``fence_on_busy`` (``"retry"``, ``"ignore"``, ``"fail"``), ``fence_interrupt``.
     """
 
+    Request = "celery_fence.request:FencedRequest"  # releases the lease of a pool process that died
     fence_key: ClassVar[str | Callable[..., str] | None] = None
     fence_lease_ttl: ClassVar[float | None] = None
     fence_on_busy: ClassVar[str | None] = None

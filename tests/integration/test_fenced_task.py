@@ -135,3 +135,21 @@ def test_interrupt_stops_a_sleeping_body_once_the_lease_is_lost(cluster: Cluster
     print(f"\nbody interrupted {ended_at - released_at:.2f}s after the admin release (interval 0.67s)")
     wait_for(lambda: "refused" in [e for e, _ in cluster.events(result.id)], what="refusal recorded")
     assert result.state in ("PENDING", "STARTED")  # refused: nothing stored in the result backend
+
+
+@pytest.mark.parametrize("cluster", on_every_store(ttl="30"), indirect=True)
+def test_a_lost_pool_process_releases_its_lease_at_once(cluster: Cluster) -> None:
+    """The worker's main process sees the child die and releases its lease: no wait for the 30 s ttl."""
+    cluster.worker("a", concurrency=1)
+    task_id = str(uuid.uuid4())
+    result = record.apply_async(("lost",), {"pause": 60.0}, task_id=task_id)
+    ((pid, _),) = wait_for(lambda: marks(cluster.workdir, task_id, "started"), what="run started")
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)  # reject_on_worker_lost: the broker delivers the message again
+    wait_for(lambda: _settled(cluster, task_id), 25, "completion before the 30 s ttl could pass")
+    history = cluster.store.history(task_id)
+    assert [e.event for e in history][:3] == ["acquire", "release", "acquire"]  # released, not taken over
+    print(
+        f"\n{cluster.store.url.split(':')[0]}: re-acquired {history[2].at - killed_at:.2f}s after SIGKILL (ttl 30s)"
+    )
+    assert result.get(timeout=30)["item"] == "lost"
