@@ -149,7 +149,6 @@ def test_a_lost_pool_process_releases_its_lease_at_once(cluster: Cluster) -> Non
     wait_for(lambda: _settled(cluster, task_id), 25, "completion before the 30 s ttl could pass")
     history = cluster.store.history(task_id)
     assert [e.event for e in history][:3] == ["acquire", "release", "acquire"]  # released, not taken over
-    print(
-        f"\n{cluster.store.url.split(':')[0]}: re-acquired {history[2].at - killed_at:.2f}s after SIGKILL (ttl 30s)"
-    )
+    store = cluster.store.url.split(":")[0]
+    print(f"\n{store}: re-acquired {history[2].at - killed_at:.2f}s after SIGKILL (ttl 30s)")
     assert result.get(timeout=30)["item"] == "lost"
