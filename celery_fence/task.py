@@ -163,10 +163,10 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             self._refused(runtime, fence, exc)
         except StoreUnavailable as exc:  # a fenced write's outcome is unknown: run again once it answers
             log.warning("fence: store unavailable in %s[%s], re-queued: %s", self.name, self.request.id, exc)
-            self._release(runtime, lease)
             if self.request.is_eager:
+                self._release(runtime, lease)
                 raise
-            self._requeue(countdown=config.policy.interval)
+            self._requeue(countdown=config.policy.interval, handing_back=(runtime, lease))
         except BaseException:
             self._release(runtime, lease)
             raise
@@ -208,10 +208,10 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         state = self._quietly(runtime.store.get, fence.key)
         if state is not None and (state.token != fence.token or state.done):
             raise Ignore()  # a newer holder owns the key (or finished it): nothing is ours to store
-        self._release(runtime, fence.lease)  # only lapsed (or the store is unreachable): run again
-        if self.request.is_eager:
-            raise exc  # apply() has no queue to go back to: the caller sees why
-        self._requeue(countdown=0)
+        if self.request.is_eager:  # apply() has no queue to go back to: the caller sees why
+            self._release(runtime, fence.lease)
+            raise exc
+        self._requeue(countdown=0, handing_back=(runtime, fence.lease))  # only lapsed: run again
 
     def _on_busy(self, held: LeaseHeld, config: FenceConfig, is_task_id: bool) -> Any:
         countdown = config.policy.busy_countdown(held.expires_in)
@@ -226,15 +226,26 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             raise held
         return self.retry(exc=held, countdown=countdown)
 
-    def _requeue(self, countdown: float) -> None:
-        """Send this message again (same id) without touching the result backend, then end with Ignore."""
+    def _requeue(self, countdown: float, handing_back: tuple[FenceRuntime, Lease] | None = None) -> None:
+        """Send this message again (same id) without touching the result backend, then end with Ignore.
+
+        A lease handed back is released only once the message is sent again: if it cannot be (max_retries),
+        the lease stays to expire, so ``fence recover`` finds the run abandoned instead of losing it.
+        """
         request = self.request
         if self.max_retries is not None and request.retries >= self.max_retries:
-            log.error("fence: %s[%s] not re-queued: max_retries reached", self.name, request.id)
+            log.error(
+                "fence: %s[%s] not re-queued: max_retries reached; recovery will find it once its "
+                "lease expires",
+                self.name,
+                request.id,
+            )
             raise Ignore()
         if request.is_eager:
             raise Ignore()
         self.signature_from_request(request, countdown=countdown, retries=request.retries + 1).apply_async()
+        if handing_back is not None:
+            self._release(*handing_back)  # the copy just sent may start at once
         raise Ignore()
 
     def _release(self, runtime: FenceRuntime, lease: Lease) -> None:
