@@ -18,6 +18,8 @@ Every row is one fault on one lease store, on real `celery worker` processes (pr
 the same checks: every key finished (no task lost), exactly one ledger row and one completion per key,
 and `celery fence verify` clean. `refused` counts stale writes the store rejected; `duplicates absorbed`
 counts deliveries answered without running the body (already done, or held by a copy of the same id).
+The SIGKILL rows count no takeover because the worker's main process sees its pool process die and
+releases that lease at once (`FencedRequest`): the next run acquires it without waiting for the ttl.
 """
 
 
