@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from celery_fence import open_store
+from celery_fence.stores.base import FencedConnectionStore
 from celery_fence.verify import verify_store
 
 from . import settings, shop
@@ -132,7 +133,13 @@ def run(orders: int = 20) -> int:
     if settings.STATE.exists() and "FENCE_DEMO_KEEP" not in os.environ:
         shutil.rmtree(settings.STATE)
     settings.make_dirs()
-    store, engine = open_store(settings.STORE_URL), shop_engine()
+    store = open_store(settings.STORE_URL)
+    if not isinstance(store, FencedConnectionStore):
+        raise SystemExit(
+            "demo: the shop's tables commit with their steps in the store's database, so FENCE_STORE_URL must "
+            "name a SQL store (sqlite:// or postgresql://); Redis serves as the broker: CELERY_BROKER_URL"
+        )
+    engine = shop_engine()
     store.migrate()
     shop.create(engine)
     say(f"store {settings.STORE_URL}, broker {settings.BROKER_URL}, lease ttl {settings.LEASE_TTL}s")
