@@ -136,8 +136,9 @@ def run(orders: int = 20) -> int:
     store = open_store(settings.STORE_URL)
     if not isinstance(store, FencedConnectionStore):
         raise SystemExit(
-            "demo: the shop's tables commit with their steps in the store's database, so FENCE_STORE_URL must "
-            "name a SQL store (sqlite:// or postgresql://); Redis serves as the broker: CELERY_BROKER_URL"
+            "demo: the shop's tables commit with their steps in the store's database, so "
+            "FENCE_STORE_URL must name a SQL store (sqlite:// or postgresql://); Redis serves as the "
+            "broker: CELERY_BROKER_URL"
         )
     engine = shop_engine()
     store.migrate()
