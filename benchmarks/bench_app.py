@@ -1,0 +1,120 @@
+"""The Celery app the benchmarks run in real ``celery worker`` processes, configured by env.
+
+Every variant runs the same body (:func:`work`) with the same broker, worker and settings: Redis broker,
+prefork, ``task_acks_late``, ``worker_prefetch_multiplier`` 4 (Celery's default) and no result backend
+(``task_ignore_result``): a fenced run keeps its result in its lease store, the hand-written fence in its
+table, fencekit in its row or key. Env:
+
+- ``FENCE_BENCH_BROKER``: broker URL (Redis db 11 by default);
+- ``FENCE_BENCH_STORE``, ``FENCE_BENCH_TTL``: the ``FencedTask`` lease store and ttl (30 s);
+- ``FENCE_BENCH_PG_DSN``: psycopg DSN of the run's schema (hand-written fence, fencekit's row);
+- ``FENCE_BENCH_PEER_REDIS``: the peers' Redis;
+- ``FENCE_BENCH_COUNT_DIR``: count store round trips per process (:mod:`benchmarks.instrument`);
+- ``FENCE_BENCH_PROFILE``: profile every worker process by CPU time (:mod:`benchmarks.profiling`);
+- ``FENCE_BENCH_READY``: a file written when the worker is ready.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from celery.exceptions import Ignore
+from celery.signals import worker_ready
+from celery_once import QueueOnce
+
+from celery_fence import FencedTask
+
+from . import handwritten, peers
+
+env = os.environ.get
+app = Celery("bench", broker=env("FENCE_BENCH_BROKER", "redis://127.0.0.1:6379/11"))
+app.conf.update(
+    fence_store_url=env("FENCE_BENCH_STORE", "memory://"),
+    fence_lease_ttl=float(env("FENCE_BENCH_TTL", "30")),
+    task_acks_late=True,
+    task_reject_on_worker_lost=env("FENCE_BENCH_REJECT_ON_LOST", "1") == "1",
+    task_ignore_result=True,
+    worker_prefetch_multiplier=int(env("FENCE_BENCH_PREFETCH", "4")),
+    broker_connection_retry_on_startup=True,
+    ONCE=peers.ONCE_CONFIG,
+)
+if env("FENCE_BENCH_COUNT_DIR"):
+    from . import instrument
+
+    instrument.install(Path(env("FENCE_BENCH_COUNT_DIR", "")))
+if env("FENCE_BENCH_PROFILE"):
+    from . import profiling
+
+    profiling.install(Path(env("FENCE_BENCH_PROFILE", "")))
+
+
+@worker_ready.connect
+def _ready(**_: Any) -> None:
+    ready = env("FENCE_BENCH_READY")
+    if ready:
+        Path(ready).write_text(str(os.getpid()))
+
+
+def work(i: int) -> dict[str, Any]:
+    """The task body of every variant: tiny, far shorter than any renew interval."""
+    return {"i": i}
+
+
+@app.task(name="bench.plain")
+def plain(i: int, tag: str) -> Any:
+    return work(i)
+
+
+@app.task(name="bench.handwritten", bind=True)
+def handwritten_fence(self: Any, i: int, tag: str) -> Any:
+    try:
+        return handwritten.fenced(self.request.id, self.request.id, lambda: work(i))
+    except handwritten.Refused as exc:
+        raise Ignore() from exc
+
+
+@app.task(name="bench.handwritten_autocommit", bind=True)
+def handwritten_autocommit(self: Any, i: int, tag: str) -> Any:
+    try:
+        return handwritten.fenced(self.request.id, self.request.id, lambda: work(i), autocommit=True)
+    except handwritten.Refused as exc:
+        raise Ignore() from exc
+
+
+@app.task(name="bench.fenced", base=FencedTask, bind=True)
+def fenced(self: Any, i: int, tag: str) -> Any:
+    return work(i)
+
+
+@app.task(name="bench.celery_once", base=QueueOnce, once={"graceful": True})
+def celery_once(i: int, tag: str) -> Any:
+    return work(i)
+
+
+@app.task(name="bench.fencekit_celery", bind=True)
+@peers.fencekit_decorator()
+def fencekit_celery(self: Any, i: int, tag: str) -> Any:
+    return work(i)
+
+
+@app.task(name="bench.fencekit_pg")
+def fencekit_pg(i: int, tag: str) -> Any:
+    resource = f"{tag}:{i}"
+    return peers.with_lock(resource, lambda: work(i), peers.write_postgres(resource))
+
+
+@app.task(name="bench.fencekit_redis")
+def fencekit_redis(i: int, tag: str) -> Any:
+    resource = f"{tag}:{i}"
+    return peers.with_lock(resource, lambda: work(i), peers.write_redis(resource))
+
+
+@app.task(name="bench.sleeper", base=FencedTask, bind=True)
+def sleeper(self: Any, seconds: float) -> str:
+    """A long fenced run, for the takeover benchmark (its child is killed mid-run)."""
+    time.sleep(seconds)
+    return "slept"

@@ -1,0 +1,135 @@
+"""Store round-trip counters inside a worker process, at the driver boundary (loaded by the bench app when
+``FENCE_BENCH_COUNT_DIR`` is set; never in a throughput run).
+
+- PostgreSQL: every psycopg ``Cursor.execute``/``executemany`` (one round trip each in autocommit), plus
+  every ``commit``/``rollback`` that actually has a transaction to end; SQLite: every SQLAlchemy cursor
+  execute (in-process: statements, not network round trips);
+- Redis: every command written to a socket of the store's server (``Connection.send_packed_command``);
+- etcd: every HTTP request sent to the store's endpoint (``requests.Session.send``).
+
+After each task, the process writes ``<dir>/<pid>.json``: ``{"tasks": n, "total": n, "by_kind": {...}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from celery.signals import task_postrun
+
+_counts: Counter[str] = Counter()
+_tasks = [0]
+_installed: set[tuple[str, str]] = set()
+
+
+def _kind(statement: str) -> str:
+    words = re.sub(r"\s+", " ", statement).strip().split(" ")
+    return "sql " + " ".join(words[:3])[:48]
+
+
+def _count(kind: str) -> None:
+    _counts[kind] += 1
+
+
+def _install_psycopg() -> None:
+    import psycopg
+    from psycopg.pq import TransactionStatus
+
+    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+    commit, rollback = psycopg.Connection.commit, psycopg.Connection.rollback
+
+    def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        _count(_kind(str(query)))
+        return execute(self, query, *args, **kwargs)
+
+    def counted_executemany(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        _count(_kind(str(query)))
+        return executemany(self, query, *args, **kwargs)
+
+    def ending(original: Any, name: str) -> Any:
+        def end(self: Any) -> Any:
+            if self.info.transaction_status != TransactionStatus.IDLE:
+                _count(name)
+            return original(self)
+
+        return end
+
+    psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
+    psycopg.Cursor.executemany = counted_executemany  # type: ignore[method-assign]
+    psycopg.Connection.commit = ending(commit, "sql COMMIT")  # type: ignore[method-assign]
+    psycopg.Connection.rollback = ending(rollback, "sql ROLLBACK")  # type: ignore[method-assign]
+
+
+def _install_sqlite() -> None:
+    from sqlalchemy import Engine, event
+
+    def on_execute(conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if conn.dialect.name == "sqlite":
+            _count(_kind(statement))
+
+    event.listen(Engine, "before_cursor_execute", on_execute)
+
+
+def _install_redis(port: int) -> None:
+    from redis.connection import Connection
+
+    original = Connection.send_packed_command
+
+    def counting(self: Any, command: Any, check_health: bool = True) -> None:
+        if self.port == port:
+            parts = command if isinstance(command, list) else [command]
+            name = b"".join(bytes(p) for p in parts).split(b"\r\n")[2].decode(errors="replace").upper()
+            _count(f"redis {name}")
+        original(self, command, check_health)
+
+    Connection.send_packed_command = counting  # type: ignore[method-assign]
+
+
+def _install_etcd(netloc: str) -> None:
+    import requests
+
+    original = requests.Session.send
+
+    def counting(self: Any, request: Any, **kwargs: Any) -> Any:
+        parts = urlsplit(request.url)
+        if parts.netloc == netloc:
+            _count(f"etcd {parts.path}")
+        return original(self, request, **kwargs)
+
+    requests.Session.send = counting  # type: ignore[method-assign]
+
+
+def count_round_trips(store_url: str) -> Counter[str]:
+    """Count, in this process, every round trip to the store at ``store_url``: the live counter."""
+    scheme = store_url.split("://", 1)[0].split("+", 1)[0]
+    where = urlsplit(store_url).netloc if scheme in ("redis", "etcd") else ""
+    if (scheme, where) in _installed:
+        return _counts
+    _installed.add((scheme, where))
+    if scheme == "postgresql":
+        _install_psycopg()
+    elif scheme == "sqlite":
+        _install_sqlite()
+    elif scheme == "redis":
+        _install_redis(urlsplit(store_url).port or 6379)
+    elif scheme == "etcd":
+        _install_etcd(urlsplit(store_url).netloc)
+    return _counts
+
+
+def install(directory: Path) -> None:
+    """In a worker: count, and write the counts after each task."""
+    count_round_trips(os.environ.get("FENCE_BENCH_STORE", ""))
+
+    @task_postrun.connect(weak=False)
+    def _dump(**_: Any) -> None:
+        _tasks[0] += 1
+        data = {"tasks": _tasks[0], "total": sum(_counts.values()), "by_kind": dict(_counts)}
+        path = directory / f"{os.getpid()}.json"
+        path.with_suffix(".tmp").write_text(json.dumps(data))
+        path.with_suffix(".tmp").replace(path)

@@ -1,0 +1,154 @@
+"""From the results of one run: one flat key per figure, the issue's targets judged, the tables of
+``docs/performance.md`` and the short summary printed last."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .stats import span
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+CASES = ("pool_process_killed", "whole_worker_killed")  # takeover
+FLAT_MAX = 1.25  # "flat": the median acquire at the largest table within 25% of the smallest
+LABELS = {
+    "plain": "plain Celery task",
+    "handwritten": "hand-written fence (psycopg defaults)",
+    "handwritten_autocommit": "hand-written fence (autocommit)",
+    "fenced": "FencedTask",
+    "fencekit_pg": "fencekit lock + fenced_update (PostgreSQL)",
+    "fencekit_redis": "fencekit lock + set_if_fresh (Redis)",
+    "fencekit_celery": "fencekit idempotent_task decorator",
+    "celery_once": "celery-once QueueOnce",
+}
+
+
+def figures(results: dict[str, Any]) -> dict[str, Any]:
+    """One key per figure (``module/...``), each a number or a ``{median, min, max}``."""
+    flat: dict[str, Any] = {}
+    for store, group in results.get("throughput", {}).items():
+        if store == "settings" or "tasks_per_s" not in group:
+            continue
+        for v in group["variants"]:
+            flat[f"throughput/{store}/{v}/tasks_per_s"] = _mm(group["tasks_per_s"][v])
+            flat[f"throughput/{store}/{v}/over_plain"] = _mm(group["ratio_to_plain"][v])
+            flat[f"throughput/{store}/{v}/cpu_us_per_task"] = group["cpu_us_per_task"][v]["total"]
+            if v != "fenced":
+                flat[f"throughput/{store}/fenced_over_{v}"] = _mm(group["fenced_over"][v])
+    for store, r in _stores(results.get("roundtrips")):
+        flat[f"roundtrips/{store}/per_short_task"] = r["per_task"]
+    for n, r in _stores(results.get("store_ops")):
+        flat[f"store_ops/{n}_connections/library_cycles_per_s"] = _mm(r["library_cycles_per_s"])
+        flat[f"store_ops/{n}_connections/direct_cycles_per_s"] = _mm(r["direct_cycles_per_s"])
+        flat[f"store_ops/{n}_connections/ratio"] = _mm(r["ratio"])
+    for store, sizes in _stores(results.get("renew")):
+        for k, r in sizes.items():
+            flat[f"renew/{store}/{k}_leases/round_trips"] = r["round_trips_per_pass"]
+            flat[f"renew/{store}/{k}_leases/ms_per_interval"] = r["ms_per_pass"]["median"]
+    for store, r in _stores(results.get("takeover")):
+        for case in CASES:
+            flat[f"takeover/{store}/{case}/seconds"] = _mm(r[case]["seconds"])
+        flat[f"takeover/{store}/bound_seconds"] = r["bound_ttl_plus_interval"]
+    for size, r in _stores(results.get("acquire_scaling")):
+        if isinstance(r, dict):
+            flat[f"acquire_scaling/{size}_rows/median_us"] = r["median_us"]
+            flat[f"acquire_scaling/{size}_rows/p99_us"] = r["p99_us"]
+    return flat
+
+
+def _stores(section: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    return [(k, v) for k, v in (section or {}).items() if k != "settings" and isinstance(v, dict)]
+
+
+def _mm(s: dict[str, Any]) -> dict[str, Any]:
+    return {"median": s["median"], "min": s["min"], "max": s["max"]}
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets, each ``{"target", "measured", "met"}`` (``met`` None: not measured this run)."""
+    out: list[dict[str, Any]] = []
+    tp = results.get("throughput", {})
+
+    def add(target: str, measured: str, met: bool | None) -> None:
+        out.append({"target": target, "measured": measured, "met": met})
+
+    pg, rd = tp.get("postgresql", {}).get("fenced_over"), tp.get("redis")
+    if pg:
+        fk, hw = pg["fencekit_pg"], pg["handwritten"]
+        add("PostgreSQL: FencedTask ahead of fencekit lock + fenced_update", f"x{span(fk)}", fk["median"] > 1)
+        add("PostgreSQL: FencedTask >= 1.1x the hand-written fence", f"x{span(hw)}", hw["median"] >= 1.1)
+    if rd:
+        plain, fk = rd["ratio_to_plain"]["fenced"], rd["fenced_over"]["fencekit_redis"]
+        add("Redis: fenced/plain >= 0.95", span(plain), plain["median"] >= 0.95)
+        add("Redis: FencedTask ahead of fencekit's Redis fence", f"x{span(fk)}", fk["median"] > 1)
+    rt = _stores(results.get("roundtrips"))
+    if rt:
+        text = ", ".join(f"{s} {r['per_task']}" for s, r in rt)
+        add("exactly 2 store round trips per short task", text, all(r["per_task"] == 2 for _, r in rt))
+    rn = [(s, r["10000"]["round_trips_per_pass"]) for s, r in _stores(results.get("renew")) if "10000" in r]
+    if rn:
+        text = ", ".join(f"{s} {n}" for s, n in rn)
+        add("1 round trip per interval per process to renew 10,000 leases", text, all(n == 1 for _, n in rn))
+    ops = _stores(results.get("store_ops"))
+    if ops:
+        text = ", ".join(f"{n} conn {span(r['ratio'])}" for n, r in ops)
+        add(
+            "library store operations >= 0.9 of direct SQL",
+            text,
+            all(r["ratio"]["median"] >= 0.9 for _, r in ops),
+        )
+    tk = _stores(results.get("takeover"))
+    if tk:
+        bound = tk[0][1]["bound_ttl_plus_interval"]
+        text = ", ".join(f"{s} max {max(r[c]['seconds']['max'] for c in CASES):.2f}s" for s, r in tk)
+        met = all(r[c]["within_bound"] for _, r in tk for c in CASES)
+        add(f"takeover <= ttl + renew interval ({bound:.2f}s), after SIGKILL", text, met)
+    sc = results.get("acquire_scaling", {})
+    if "median_ratio_largest_to_smallest" in sc:
+        ratio = sc["median_ratio_largest_to_smallest"]
+        add(
+            f"acquire latency flat across table sizes (median 10^6 / 10^3 <= {FLAT_MAX})",
+            f"{ratio}",
+            ratio <= FLAT_MAX,
+        )
+    return out
+
+
+def summary_text(results: dict[str, Any], elapsed: float) -> str:
+    lines = [f"Summary ({elapsed:.0f} s; medians over rounds, min-max in brackets):"]
+    for store, group in results.get("throughput", {}).items():
+        if store == "settings" or "fenced_over" not in group:
+            continue
+        fo, plain = group["fenced_over"], group["tasks_per_s"]["plain"]["median"]
+        vs = ", ".join(
+            f"{v} x{fo[v]['median']:.2f}" for v in group["variants"] if v not in ("fenced", "plain")
+        )
+        over_plain = span(group["ratio_to_plain"]["fenced"], "{:.2f}")
+        lines.append(f"  {store:<10} plain {plain:.0f}/s; fenced/plain {over_plain}; fenced over: {vs}")
+    for t in results.get("targets", []):
+        mark = {True: "MET   ", False: "MISSED", None: "n/a   "}[t["met"]]
+        lines.append(f"  [{mark}] {t['target']}: {t['measured']}")
+    for name, error in results.get("errors", {}).items():
+        lines.append(f"  [ERROR ] {name}: {error}")
+    return "\n".join(lines)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The tables of docs/performance.md for this run."""
+    from .report_tables import tables
+
+    return tables(results, LABELS)
+
+
+def update_docs(results: dict[str, Any]) -> bool:
+    """Replace the generated part of docs/performance.md (between the markers); False if absent."""
+    if not DOCS.exists():
+        return False
+    text = DOCS.read_text()
+    if BEGIN not in text or END not in text:
+        return False
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    DOCS.write_text(f"{head}{BEGIN}\n{markdown(results)}\n{END}{tail}")
+    return True

@@ -1,0 +1,144 @@
+"""Markdown tables of one run's results (the generated part of docs/performance.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .stats import span
+
+
+def _row(cells: list[Any]) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
+    return [_row(head), _row(["---"] * len(head)), *(_row(r) for r in rows), ""]
+
+
+def _throughput(tp: dict[str, Any], labels: dict[str, str]) -> list[str]:
+    s = tp.get("settings", {})
+    out = [
+        f"### Throughput ({s.get('rounds')} alternating rounds, {s.get('tasks_per_batch')} tasks per batch)",
+        "",
+    ]
+    for store, g in tp.items():
+        if store == "settings" or "tasks_per_s" not in g:
+            continue
+        out.append(f"**Lease store: {store}**")
+        out.append("")
+        head = [
+            "variant",
+            "tasks/s",
+            "/ plain",
+            "FencedTask over it",
+            "CPU µs/task (worker + stores)",
+            "effects",
+        ]
+        rows = []
+        for v in g["variants"]:
+            over = "" if v == "fenced" else f"x{span(g['fenced_over'][v], '{:.2f}')}"
+            cpu = g["cpu_us_per_task"][v]
+            parts = "+".join(f"{cpu[k]:.0f}" for k in cpu if k != "total" and cpu[k] >= 0.5)
+            rows.append(
+                [
+                    labels.get(v, v),
+                    span(g["tasks_per_s"][v], "{:.0f}"),
+                    span(g["ratio_to_plain"][v], "{:.2f}"),
+                    over,
+                    f"{cpu['total']:.0f} ({parts})",
+                    g["effects_checked"][v],
+                ]
+            )
+        out += _table(head, rows)
+    return out
+
+
+def tables(results: dict[str, Any], labels: dict[str, str]) -> str:
+    m = results.get("machine", {})
+    out = [
+        f"Run of {results.get('finished_at', '?')}, `{results.get('command', 'python -m benchmarks')}`, "
+        f"{results.get('elapsed_seconds', 0):.0f} s. Machine: {m.get('cpu')}, {m.get('cores')} cores, "
+        f"{m.get('memory_gib')} GiB, load average at start {m.get('load_average_at_start')}.",
+        "",
+    ]
+    if "throughput" in results:
+        out += _throughput(results["throughput"], labels)
+    if "roundtrips" in results:
+        rt = results["roundtrips"]
+        rows = [
+            [
+                s,
+                r["per_task"],
+                ", ".join(f"{k} {v}" for k, v in r["by_kind_per_task"].items()),
+                r["server_side_per_task"] if r["server_side_per_task"] is not None else "-",
+            ]
+            for s, r in rt.items()
+            if s != "settings"
+        ]
+        out += ["### Store round trips per short task", ""]
+        out += _table(["store", "per task", "what", "counted by the server"], rows)
+    if "store_ops" in results:
+        ops = results["store_ops"]
+        rows = [
+            [
+                n,
+                span(r["library_cycles_per_s"], "{:.0f}"),
+                span(r["direct_cycles_per_s"], "{:.0f}"),
+                span(r["ratio"], "{:.2f}"),
+            ]
+            for n, r in ops.items()
+            if n != "settings"
+        ]
+        out += ["### Store operations (PostgreSQL acquire + complete cycles/s)", ""]
+        out += _table(["connections", "celery-fence", "same SQL, psycopg direct", "ratio"], rows)
+    if "renew" in results:
+        rows = []
+        for s, sizes in results["renew"].items():
+            if s == "settings":
+                continue
+            rows.append(
+                [
+                    s,
+                    *(
+                        f"{r['round_trips_per_pass']} / {r['ms_per_pass']['median']:.1f} ms"
+                        for r in sizes.values()
+                    ),
+                ]
+            )
+        out += ["### Renew: round trips / time per interval, leases held in one process", ""]
+        out += _table(["store", "1 lease", "100 leases", "10,000 leases"], rows)
+    if "takeover" in results:
+        rows = []
+        for s, r in results["takeover"].items():
+            if s == "settings":
+                continue
+            cases = [r["pool_process_killed"], r["whole_worker_killed"]]
+            within = "yes" if all(c["within_bound"] for c in cases) else "NO"
+            rows.append(
+                [
+                    s,
+                    *(span(c["seconds"], "{:.2f}") for c in cases),
+                    f"{r['bound_ttl_plus_interval']:.2f}",
+                    within,
+                ]
+            )
+        out += ["### Takeover after SIGKILL: seconds to the next holder (ttl 2 s, renew interval 0.67 s)", ""]
+        head = ["store", "pool process killed", "whole worker killed", "ttl + interval", "within"]
+        out += _table(head, rows)
+    if "acquire_scaling" in results:
+        sc = results["acquire_scaling"]
+        rows = [
+            [f"{int(k):,}", r["median_us"], r["p99_us"], r["fill_seconds"]]
+            for k, r in sc.items()
+            if k.isdigit()
+        ]
+        out += ["### Acquire latency vs rows in fence_leases (PostgreSQL)", ""]
+        out += _table(["rows", "median µs", "p99 µs", "fill s"], rows)
+    if "targets" in results:
+        rows = [
+            [t["target"], t["measured"], {True: "met", False: "**missed**", None: "n/a"}[t["met"]]]
+            for t in results["targets"]
+        ]
+        out += ["### Targets (issue 7)", ""]
+        out += _table(["target", "measured", ""], rows)
+    return "\n".join(out)

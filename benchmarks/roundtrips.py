@@ -1,0 +1,100 @@
+"""Store round trips per short task (far shorter than the renew interval), counted in a real worker.
+
+A prefork worker (``-c 2``) loads :mod:`benchmarks.instrument`, which counts every round trip its processes
+make to the lease store at the driver boundary (psycopg executes and real commits, SQLite statements,
+Redis commands written to the store's socket, HTTP requests to etcd). After a warm-up batch (connections,
+schema check, script loads: reported apart as the per-process setup), N ``FencedTask`` runs are sent; the
+count over those N runs, divided by N, is the figure. Where the server can count too, it does: the Redis
+store runs on a private redis-server (``INFO commandstats``: script calls and connection commands, since
+the commands a script runs are counted there too), etcd on a private etcd (gRPC calls started).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .services import REDIS_URL, etcd_metric, pg_schema, redis_client, redis_requests
+from .stores import STORES, lease_store
+from .workers import Worker, wait_for
+
+QUEUE = "fence_bench.rt"
+
+
+def _read_counts(directory: Path) -> tuple[int, int, dict[str, int]]:
+    tasks, total, by_kind = 0, 0, {}
+    for path in directory.glob("*.json"):
+        data = json.loads(path.read_text())
+        tasks, total = tasks + data["tasks"], total + data["total"]
+        for kind, n in data["by_kind"].items():
+            by_kind[kind] = by_kind.get(kind, 0) + n
+    return tasks, total, by_kind
+
+
+def _server_count(kind: str, url: str) -> float | None:
+    if kind == "redis":
+        return float(redis_requests(url))
+    if kind == "etcd":
+        return etcd_metric(url, "grpc_server_started_total")
+    return None
+
+
+def _send(app: Any, n: int) -> None:
+    task = app.tasks["bench.fenced"]
+    with app.producer_or_acquire() as producer:
+        for i in range(n):
+            task.apply_async((i, "rt"), queue=QUEUE, producer=producer)
+    with redis_client() as client:
+        wait_for(lambda: client.llen(QUEUE) == 0 and client.hlen("unacked") == 0, 120, "round-trip batch")
+
+
+def _one_store(app: Any, kind: str, url: str, schema_dsn: str, tasks: int, warmup: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="fence-bench-rt-") as tmp:
+        env = {"FENCE_BENCH_STORE": url, "FENCE_BENCH_COUNT_DIR": tmp, "FENCE_BENCH_PG_DSN": schema_dsn}
+        env["FENCE_BENCH_BROKER"] = REDIS_URL
+        with Worker(f"rt-{kind}", env, QUEUE) as worker:
+            _send(app, warmup)
+            wait_for(lambda: _read_counts(Path(tmp))[0] >= warmup, 30, "warm-up counts")
+            for _ in range(3):  # again if a connection was killed from outside meanwhile (shared machine)
+                disturbed = worker.disturbances()
+                warm_tasks, warm_total, warm_kinds = _read_counts(Path(tmp))
+                server_before = _server_count(kind, url)
+                _send(app, tasks)
+                wait_for(lambda: _read_counts(Path(tmp))[0] >= warm_tasks + tasks, 30, "counts")  # noqa: B023
+                done, total, kinds = _read_counts(Path(tmp))
+                server_after = _server_count(kind, url)
+                if worker.disturbances() == disturbed:
+                    break
+            errors = worker.errors()
+    n = done - warm_tasks
+    per_kind = {
+        k: round((v - warm_kinds.get(k, 0)) / n, 3) for k, v in kinds.items() if v - warm_kinds.get(k, 0)
+    }
+    server = None
+    if server_before is not None and server_after is not None:
+        server = round((server_after - server_before) / n, 3)
+    return {
+        "tasks": n,
+        "per_task": round((total - warm_total) / n, 3),
+        "by_kind_per_task": per_kind,
+        "server_side_per_task": server,
+        "warmup_tasks": warm_tasks,
+        "warmup_round_trips": warm_total,
+        "worker_errors": errors[-1000:],
+    }
+
+
+def run(tasks: int, log: Any, stores: tuple[str, ...] = STORES) -> dict[str, Any]:
+    from .bench_app import app
+
+    out: dict[str, Any] = {"settings": {"tasks": tasks, "warmup": 40, "ttl": 30.0, "renew_interval": 10.0}}
+    with pg_schema("rt") as schema:
+        for kind in stores:
+            with contextlib.ExitStack() as stack:
+                url = stack.enter_context(lease_store(kind, schema, private_redis=True)).url
+                out[kind] = _one_store(app, kind, url, schema.dsn, tasks, 40)
+            log(f"  {kind}: {out[kind]['per_task']} round trips per task {out[kind]['by_kind_per_task']}")
+    return out
