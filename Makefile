@@ -52,6 +52,7 @@ demo: venv
 	$(PY) -m example_app demo
 
 bench: venv
+	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) -m benchmarks
 
 clean:
