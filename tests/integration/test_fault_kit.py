@@ -116,7 +116,9 @@ def test_url_for_points_a_store_url_at_the_proxy() -> None:
             proxy.url_for("postgresql://127.0.0.1:5433/shop")
     with StoreProxy.for_url("redis://localhost/15") as proxy:
         assert proxy.url_for("redis://localhost/15") == f"redis://127.0.0.1:{proxy.port}/15"
-    with pytest.raises(ValueError, match="postgresql:// or redis://"):
+    with StoreProxy.for_url("etcd://127.0.0.1:2379/fence/") as proxy:
+        assert proxy.url_for("etcd://127.0.0.1:2379/fence/") == f"etcd://127.0.0.1:{proxy.port}/fence/"
+    with pytest.raises(ValueError, match=r"postgresql://, redis:// or etcd://"):
         StoreProxy.for_url("sqlite:///fence.db")
 
 
