@@ -7,7 +7,7 @@ still current (no newer holder exists), so renewing or completing it succeeds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -123,7 +123,3 @@ class FencedConnectionStore(Store, Protocol):
     def insert_step(self, conn: Any, lease: Lease, name: str, value: Any) -> None:
         """Record step ``name`` inside an open ``transaction(lease, step=name)``: it commits with it."""
 
-
-def iter_chunks(items: Sequence[Lease], size: int) -> Iterator[Sequence[Lease]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]

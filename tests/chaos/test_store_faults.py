@@ -7,12 +7,10 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 from sqlalchemy import text
 
-from celery_fence import FenceError
 from celery_fence.testing import StoreProxy
 from tests.contract import harness_etcd
 from tests.integration.conftest import Cluster
@@ -142,9 +140,3 @@ def test_the_store_restarted_mid_run(cluster: Cluster, request: pytest.FixtureRe
         keys += ids
     settle_and_check(cluster, "etcd", "store restarted mid-run", keys)
 
-
-def _quiet(action: Callable[[], Any]) -> Any:
-    try:
-        return action()
-    except FenceError:
-        return None
