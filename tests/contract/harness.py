@@ -7,6 +7,7 @@ never copied.
 from __future__ import annotations
 
 import importlib
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,6 +21,13 @@ from celery_fence import open_store
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import FakeClock
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,14 +25,7 @@ import requests
 from celery_fence.stores.etcd import EtcdStore
 from celery_fence.stores.etcd_gateway import delete
 
-from .harness import Harness
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from .harness import Harness, free_port
 
 
 class EtcdServer:

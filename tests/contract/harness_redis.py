@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,7 +24,7 @@ import redis
 from celery_fence import open_store
 
 from ..conftest import require_server
-from .harness import Harness
+from .harness import Harness, free_port
 
 # Make every live lease of a prefix expire now: move its store-clock deadline 10,000 s into the past, in
 # the lease hash and in the index of leased keys alike.
@@ -37,13 +36,6 @@ for _, key in ipairs(redis.call('ZRANGE', ARGV[1] .. 'live', 0, -1)) do
   redis.call('ZINCRBY', ARGV[1] .. 'live', -10000000, key)
 end
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class RedisServer:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.contract.harness import free_port
 
 from .conftest import Cluster
 from .fenced_app import record, sleeper
@@ -20,16 +21,10 @@ from .workers import CELERY, ROOT, marks, wait_for
 pytestmark = pytest.mark.integration
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def flower(cluster: Cluster) -> Iterator[str]:
     pytest.importorskip("flower")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, **cluster.env, "PYTHONPATH": str(ROOT), "FLOWER_UNAUTHENTICATED_API": "true"}
     cmd = [CELERY, "-A", "tests.integration.fenced_app", "flower", f"--port={port}", "--address=127.0.0.1"]
     with open(cluster.workdir / "flower.log", "wb") as log:
