@@ -1,6 +1,7 @@
 """``task-fence-*`` monitoring events (Flower shows a task in the state the event names).
 
-- ``task-fence-acquired``: a run took its lease (sent only when the worker sends task events, ``-E``).
+- ``task-fence-acquired``: a run took its lease (sent only when the worker sends task events:
+  ``worker_send_task_events``, which ``FencedTask`` reads once per process).
 - ``task-fence-lost``: a run's lease was lost while it ran.
 - ``task-fence-refused``: a run's write or completion was refused; the standard ``exception`` field says why.
 - ``task-fence-duplicate``: a delivery found its key held by the same task id, or already done.
@@ -18,15 +19,10 @@ __all__ = ["send_fence_event"]
 log = logging.getLogger(__name__)
 
 
-def send_fence_event(task: Any, request: Any, kind: str, *, always: bool = True, **fields: Any) -> None:
-    """Send ``task-fence-<kind>`` for ``request`` (captured by the run: the renewer thread sends too).
-
-    ``always=False`` events go out only when the worker sends task events (``-E``).
-    """
+def send_fence_event(task: Any, request: Any, kind: str, **fields: Any) -> None:
+    """Send ``task-fence-<kind>`` for ``request`` (captured by the run: the renewer thread sends too)."""
     if getattr(request, "is_eager", False) or not getattr(request, "hostname", None):
         return  # not in a worker: nobody is listening
-    if not always and not task.app.conf.worker_send_task_events:
-        return
     policy = task.app.conf.task_publish_retry_policy
     try:
         with task.app.events.default_dispatcher(hostname=request.hostname) as dispatcher:

@@ -12,6 +12,7 @@ from typing import Any
 
 from .config import FenceConfig
 from .interrupt import Interrupter
+from .lease import OwnerNames
 from .renewer import Renewer
 from .stores import Store, open_store
 
@@ -26,6 +27,9 @@ class FenceRuntime:
         self.app = app
         self.pid = os.getpid()
         self.config = FenceConfig.from_conf(app.conf)
+        # Read once per process, not once per run: the settings are final by the time a task runs.
+        self.task_events = bool(app.conf.worker_send_task_events)
+        self.new_owner = OwnerNames()
         self._store: Store | None = None
         self._renewer: Renewer | None = None
         self._lock = threading.Lock()

@@ -39,7 +39,7 @@ from .events import send_fence_event
 from .failpoints import failpoint
 from .fence import Fence
 from .keys import derive_key
-from .lease import Lease, new_owner
+from .lease import Lease
 from .runtime import FenceRuntime, runtime_for
 from .signals import lease_acquired, lease_lost, write_refused
 from .startup import check_worker_at_start
@@ -107,11 +107,11 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         return self._run_fenced(runtime, config, lease, sent_at, args, kwargs)
 
     def _acquire(
-        self, runtime: FenceRuntime, config: FenceConfig, key: str, run: dict[str, Any]
+        self, runtime: FenceRuntime, config: FenceConfig, key: str, run: codec.Encoded
     ) -> tuple[Lease, float]:
         """Acquire, retrying a store hiccup a few times with the same owner: an acquire that committed but
         whose answer was lost is then found again (a store returns its own owner's live lease)."""
-        owner = new_owner()
+        owner = runtime.new_owner()
         failpoint("before-acquire")
         for attempt in range(ACQUIRE_ATTEMPTS):
             sent_at = time.monotonic()
@@ -139,7 +139,8 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         request._fence = fence
         fields = {"key": lease.key, "token": lease.token, "task_id": request.id}
         lease_acquired.send(sender=self, **fields)
-        send_fence_event(self, request, "acquired", always=False, key=lease.key, token=lease.token)
+        if runtime.task_events:  # sent only when the worker sends task events
+            send_fence_event(self, request, "acquired", key=lease.key, token=lease.token)
         interrupt = runtime.interrupter.arm(fence) if config.interrupt else None
 
         def on_lost(lost: Lease, reason: str) -> None:
@@ -259,8 +260,9 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             log.warning("fence: %s on %s failed: %s", getattr(fn, "__name__", fn), self.name, exc)
             return None
 
-    def _run_info(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        """What recovery needs to send this run again (arguments only if JSON can carry them)."""
+    def _run_info(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> codec.Encoded:
+        """What recovery needs to send this run again (arguments only if JSON can carry them), encoded
+        once here: the store keeps this text instead of encoding the run a second time."""
         request = self.request
         info: dict[str, Any] = {"task": self.name, "id": request.id, "args": list(args), "kwargs": kwargs}
         queue = (request.delivery_info or {}).get("routing_key")
@@ -269,7 +271,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         if getattr(request, "fence_key", None) is not None:
             info["fence_key"] = request.fence_key
         try:
-            codec.dumps(info)
+            return codec.Encoded(info)
         except NotSerializable:
             info.update(args=None, kwargs=None)
-        return info
+            return codec.Encoded(info)

@@ -61,7 +61,7 @@ class EtcdStore:
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
         ttl = validate_ttl(ttl)
-        run_text = None if run is None else codec.dumps(dict(run))
+        run_text = codec.dumps_mapping(run)
         state = json.dumps({"owner": owner, "run": run_text})
         self._expire_overdue()
         return self._retry(f"acquire({key!r})", lambda: self._acquire(key, owner, ttl, state))

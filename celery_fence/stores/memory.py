@@ -53,7 +53,7 @@ class MemoryStore:
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
         ttl = validate_ttl(ttl)
-        run_text = None if run is None else codec.dumps(dict(run))
+        run_text = codec.dumps_mapping(run)
         with self._lock:
             now, row = self.clock(), self._rows.get(key)
             if row is not None and row.done:

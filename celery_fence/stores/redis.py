@@ -81,7 +81,7 @@ class RedisStore:
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
         ttl_ms = _ms(validate_ttl(ttl), "ttl")
-        run_text = "" if run is None else codec.dumps(dict(run))
+        run_text = codec.dumps_mapping(run) or ""  # no run: "" (a script argument cannot be nil)
         keys = [*self._keys(key, "lease", "history"), self._index]
         reply = self._script("acquire", keys, [key, owner, ttl_ms, run_text])
         if reply[0] == "done":

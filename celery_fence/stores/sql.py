@@ -73,7 +73,7 @@ class SQLStore:
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
         ttl = validate_ttl(ttl)
-        run_text = None if run is None else codec.dumps(dict(run))
+        run_text = codec.dumps_mapping(run)
         params = {"key": key, "owner": owner, "ttl": ttl, "run": run_text}
         with self._one() as conn:
             token = conn.execute(self.q.acquire, params).scalar()
