@@ -35,11 +35,18 @@ MAX_KEY_LENGTH = 1024
 
 @dataclass(frozen=True)
 class Lease:
-    """A lease as issued by a store. Identity is ``(key, token)``; ``owner`` is for people."""
+    """A lease as issued by a store. Identity is ``(key, token)``; ``owner`` is for people.
+
+    ``taken_over`` and ``expired_for`` are what the acquire learned for free, in the same atomic step: whether
+    it took over an expired, unreleased lease (``None``: this store does not say), and then for how many
+    seconds, by the store's clock, that lease had been expired (``None``: not known). Neither is identity.
+    """
 
     key: str
     token: int
     owner: str
+    taken_over: bool | None = field(default=None, compare=False, repr=False)
+    expired_for: float | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -168,8 +168,9 @@ class EtcdStore:
             self.etcd_leases.keepalive(seconds, lease_id)
             return None
         self.etcd_leases.untrack(unsure)
-        if result.succeeded:
-            lease: Lease | None = Lease(key, epochs.token(result.revision), owner)
+        if result.succeeded:  # the nested Txn's branch says which event it logged (proto3 omits false)
+            taken_over = not result.responses[0].get("response_txn", {}).get("succeeded", False)
+            lease: Lease | None = Lease(key, epochs.token(result.revision), owner, taken_over=taken_over)
         else:
             lease = None if self._moved(result, epochs) else self._busy(key, owner, result)
         if lease is not None:

@@ -62,12 +62,13 @@ class MemoryStore:
                 if row.owner == owner:  # our own acquire, retried after a lost reply
                     return Lease(key, row.token, owner)
                 raise LeaseHeld(key, row.owner, row.expires_at - now)
-            event = "takeover" if row is not None and row.expires_at is not None else "acquire"
+            expired_at = None if row is None else row.expires_at
             self._counter += 1
             recoveries = 0 if row is None else row.recoveries
             self._rows[key] = _Row(self._counter, owner, now + ttl, run=run_text, recoveries=recoveries)
-            self._log(key, event, self._counter, owner, now)
-            return Lease(key, self._counter, owner)
+            self._log(key, "acquire" if expired_at is None else "takeover", self._counter, owner, now)
+            gap = None if expired_at is None else now - expired_at
+            return Lease(key, self._counter, owner, taken_over=expired_at is not None, expired_for=gap)
 
     def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
         check_leases(leases)

@@ -88,7 +88,10 @@ class RedisStore:
             raise errors.AlreadyDone(key, int(reply[1]), codec.loads(reply[2]))
         if reply[0] == "held":
             raise errors.LeaseHeld(key, reply[1], int(reply[2]) / 1000)
-        return Lease(key, int(reply[1]), owner)
+        if reply[0] == "own":  # our own acquire, retried: whether it took over is not known
+            return Lease(key, int(reply[1]), owner)
+        gap = next((int(ms) / 1000 for ms in reply[2:]), None)  # a takeover: how long that lease had expired
+        return Lease(key, int(reply[1]), owner, taken_over=gap is not None, expired_for=gap)
 
     def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
         leases = check_leases(leases)

@@ -37,6 +37,19 @@ def test_live_lease_is_held(store: Any) -> None:
     assert 0 < info.value.expires_in <= TTL
 
 
+def test_acquire_says_whether_it_took_over(store: Any, expire: Any) -> None:
+    """A store may leave ``taken_over`` unknown (``None``); one that says must say it right."""
+    first = store.acquire("k", "a", TTL)
+    assert first.taken_over in (None, False) and first.expired_for is None
+    store.release(first)
+    assert store.acquire("k", "b", TTL).taken_over in (None, False)  # a released lease is free
+    expire()
+    taken = store.acquire("k", "c", TTL)
+    assert taken.taken_over in (None, True)
+    assert taken.expired_for is None or taken.expired_for >= 0
+    assert taken == Lease("k", taken.token, "c")  # neither is identity
+
+
 def test_tokens_strictly_increase_across_keys_and_takeovers(store: Any, expire: Any) -> None:
     tokens = [store.acquire(f"k{i}", "a", TTL).token for i in range(3)]
     expire()

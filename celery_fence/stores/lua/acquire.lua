@@ -2,7 +2,8 @@
 -- KEYS[1] lease hash   KEYS[2] key history   KEYS[3] global history   KEYS[4] counter
 -- KEYS[5] witnessed high token   KEYS[6] leased keys (zset: key -> expiry)   KEYS[7] key index (set)
 -- ARGV[1] key   ARGV[2] owner   ARGV[3] ttl in ms   ARGV[4] run (JSON) or ''
--- Returns {'ok', token} | {'held', owner, ms left} | {'done', token, result}; FENCE_REWOUND error.
+-- Returns {'ok', token[, ms the taken-over lease had been expired]} | {'own', token} (our own, retried)
+--   | {'held', owner, ms left} | {'done', token, result}; FENCE_REWOUND error.
 local now, at = clock()
 local h = redis.call('HMGET', KEYS[1], 'token', 'owner', 'exp', 'done', 'result')
 if h[4] == '1' then
@@ -11,7 +12,7 @@ end
 local exp = tonumber(h[3])
 if exp and exp > now then
   if h[2] == ARGV[2] then -- our own acquire, retried after a lost reply
-    return {'ok', h[1]}
+    return {'own', h[1]}
   end
   return {'held', h[2], int(exp - now)}
 end
@@ -25,4 +26,7 @@ end
 redis.call('ZADD', KEYS[6], until_ms, ARGV[1])
 redis.call('SADD', KEYS[7], ARGV[1])
 log(KEYS[2], KEYS[3], at, ARGV[1], exp and 'takeover' or 'acquire', token, ARGV[2])
+if exp then
+  return {'ok', token, int(now - exp)}
+end
 return {'ok', token}
