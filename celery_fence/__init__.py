@@ -17,6 +17,7 @@ from .errors import (
 )
 from .fence import Fence
 from .lease import HistoryEvent, Lease, LeasePolicy, LeaseState
+from .metrics import FenceMetrics
 from .stores import Store, open_store
 from .task import FencedTask
 
@@ -25,6 +26,7 @@ __all__ = [
     "ConfigurationError",
     "Fence",
     "FenceError",
+    "FenceMetrics",
     "FencedTask",
     "HistoryEvent",
     "InvalidArgument",

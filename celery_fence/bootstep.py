@@ -1,18 +1,30 @@
-"""``celery worker --fence-recover``: one worker re-sends abandoned runs periodically (main process)."""
+"""Worker bootsteps (main process): ``--fence-recover`` re-sends abandoned runs periodically;
+``--fence-metrics-port`` serves Prometheus metrics summed over the pool's processes
+(:mod:`celery_fence.metrics`)."""
 
 from __future__ import annotations
 
 import logging
+import shutil
 from typing import Any, ClassVar
 
 import click
 from celery import bootsteps
 
+from .config import metrics_port
+from .metrics import FenceMetrics, prepare_multiprocess, serve_metrics
 from .recovery import recover_abandoned
 from .runtime import runtime_for
 from .stores import open_store
 
-__all__ = ["RECOVER_OPTIONS", "FenceRecovery", "add_recovery_step"]
+__all__ = [
+    "METRICS_OPTIONS",
+    "RECOVER_OPTIONS",
+    "WORKER_OPTIONS",
+    "FenceMetricsServer",
+    "FenceRecovery",
+    "add_worker_steps",
+]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +42,20 @@ RECOVER_OPTIONS = [
         help="Seconds between recovery passes (default: the lease ttl).",
     ),
 ]
+METRICS_OPTIONS = [
+    click.Option(
+        ["--fence-metrics-port"],
+        type=int,
+        default=None,
+        help="Serve celery-fence's Prometheus metrics on this port (needs celery-fence[prometheus]).",
+    ),
+    click.Option(
+        ["--fence-metrics-addr"],
+        default=None,
+        help="Address the metrics server listens on (default: fence_metrics_addr, else 0.0.0.0).",
+    ),
+]
+WORKER_OPTIONS = [*RECOVER_OPTIONS, *METRICS_OPTIONS]
 
 
 class FenceRecovery(bootsteps.StartStopStep):  # type: ignore[misc]  # celery ships no type information
@@ -67,8 +93,48 @@ class FenceRecovery(bootsteps.StartStopStep):  # type: ignore[misc]  # celery sh
             store.close()
 
 
-def add_recovery_step(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    """``celeryd_init`` receiver: the worker's blueprint is built after this, so the step joins it."""
+class FenceMetricsServer(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Connects the metrics before the pool forks (``__init__``), serves them once the pool runs."""
+
+    requires: ClassVar[set[str]] = {"celery.worker.components:Pool"}
+
+    def __init__(
+        self,
+        worker: Any,
+        fence_metrics_port: int | None = None,
+        fence_metrics_addr: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        conf = worker.app.conf
+        self.port = metrics_port(
+            conf.get("fence_metrics_port") if fence_metrics_port is None else fence_metrics_port
+        )
+        self.addr = fence_metrics_addr or conf.get("fence_metrics_addr") or "0.0.0.0"
+        self.enabled = self.port is not None
+        self.server: Any = None
+        self.folder: str | None = None
+        if self.enabled:
+            self.folder = prepare_multiprocess()
+            self.metrics = FenceMetrics().connect(worker.app)  # children inherit the receivers
+
+    def start(self, worker: Any) -> None:
+        assert self.port is not None  # only enabled steps start
+        self.server = serve_metrics(self.port, self.addr)
+
+    def stop(self, worker: Any) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def shutdown(self, worker: Any) -> None:
+        self.stop(worker)
+        if self.folder is not None:  # ours: nobody else reads it
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def add_worker_steps(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """``celeryd_init`` receiver: the worker's blueprint is built after this, so the steps join it."""
     app = getattr(instance, "app", None)
     if app is not None:
-        app.steps["worker"].add(FenceRecovery)
+        app.steps["worker"].update((FenceRecovery, FenceMetricsServer))

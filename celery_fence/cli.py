@@ -20,7 +20,7 @@ import click
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from .bootstep import RECOVER_OPTIONS
+from .bootstep import WORKER_OPTIONS
 from .errors import FenceError
 from .lease import LeaseState
 from .recovery import recover_abandoned
@@ -226,11 +226,11 @@ def recover(ctx: click.Context, grace: float | None) -> None:
 
 
 def _add_worker_options() -> None:
-    """Give ``celery worker`` its ``--fence-recover`` options; Celery loads this module as a CLI plugin."""
+    """Give ``celery worker`` its ``--fence-recover`` and ``--fence-metrics-*`` options (a CLI plugin)."""
     from celery.bin.worker import worker
 
     names = {param.name for param in worker.params}
-    worker.params.extend(option for option in RECOVER_OPTIONS if option.name not in names)
+    worker.params.extend(option for option in WORKER_OPTIONS if option.name not in names)
 
 
 _add_worker_options()

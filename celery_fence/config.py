@@ -10,9 +10,10 @@ from .errors import ConfigurationError
 from .lease import LeasePolicy
 from .stores import DEFAULT_STORE_URL, scheme_of
 
-__all__ = ["BUSY_POLICIES", "DEFAULTS", "FenceConfig"]
+__all__ = ["BUSY_POLICIES", "DEFAULTS", "FenceConfig", "metrics_port"]
 
 BUSY_POLICIES = ("retry", "ignore", "fail")
+MAX_PORT = 65535
 
 DEFAULTS: dict[str, Any] = {
     "fence_store_url": DEFAULT_STORE_URL,
@@ -23,7 +24,20 @@ DEFAULTS: dict[str, Any] = {
     "fence_max_recoveries": 3,
     "fence_send_events": True,
     "fence_recover": False,  # or `celery worker --fence-recover`
+    "fence_metrics_port": None,  # or `celery worker --fence-metrics-port`: serve Prometheus metrics
+    "fence_metrics_addr": None,  # the address it listens on: 0.0.0.0
 }
+
+
+def metrics_port(value: Any) -> int | None:
+    """``fence_metrics_port``: ``None`` (no metrics server) or a TCP port number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_PORT:
+        raise ConfigurationError(
+            f"fence_metrics_port must be a TCP port (an int from 1 to 65535) or None, got {value!r}"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,7 @@ class FenceConfig:
         if isinstance(max_recoveries, bool) or not isinstance(max_recoveries, int) or max_recoveries < 0:
             raise ConfigurationError(f"fence_max_recoveries must be an int >= 0, got {max_recoveries!r}")
         policy = LeasePolicy(get("fence_lease_ttl"), get("fence_renew_interval"))
+        metrics_port(conf.get("fence_metrics_port"))  # refused at worker start, not at the first scrape
         return cls(
             url, policy, on_busy, bool(get("fence_interrupt")), max_recoveries, bool(get("fence_send_events"))
         )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .lease import Abandoned
+from .signals import run_recovered
 from .stores.base import Store
 
 __all__ = ["RecoveryReport", "recover_abandoned"]
@@ -46,6 +47,7 @@ def recover_abandoned(
             options["headers"] = {"fence_key": run["fence_key"]}
         app.send_task(run["task"], args=run["args"], kwargs=run["kwargs"], task_id=run["id"], **options)
         log.warning("fence: re-sent abandoned run %s[%s] (attempt %d)", run["task"], run["id"], attempt)
+        run_recovered.send(sender=app, key=seen.key, task=run["task"], task_id=run["id"], attempt=attempt)
         report.resent.append(seen.key)
     return report
 

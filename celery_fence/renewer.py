@@ -25,6 +25,7 @@ __all__ = ["Renewer"]
 log = logging.getLogger(__name__)
 
 OnLost = Callable[[Lease, str], None]
+OnRenewed = Callable[[Lease], None]
 
 
 @dataclass
@@ -33,6 +34,7 @@ class _Tracked:
     deadline: float  # local monotonic time after which the lease counts as lost
     on_lost: OnLost
     sent_at: float  # when its acquire or last successful renew was sent
+    on_renewed: OnRenewed | None = None
 
     def due(self, now: float) -> bool:
         """Skip a lease renewed (or acquired) under half an interval ago: a short task is never renewed.
@@ -54,10 +56,20 @@ class Renewer:
         self._thread: threading.Thread | None = None
         self.round_trips = 0  # renew calls sent: observable by tests and benchmarks
 
-    def track(self, lease: Lease, policy: LeasePolicy, sent_at: float, on_lost: OnLost) -> None:
-        """Renew ``lease`` until :meth:`untrack`; ``sent_at`` is when its acquire was sent."""
+    def track(
+        self,
+        lease: Lease,
+        policy: LeasePolicy,
+        sent_at: float,
+        on_lost: OnLost,
+        on_renewed: OnRenewed | None = None,
+    ) -> None:
+        """Renew ``lease`` until :meth:`untrack`; ``sent_at`` is when its acquire was sent.
+
+        ``on_lost`` runs once if the lease is lost; ``on_renewed`` after each successful renew of it.
+        """
         with self._lock:
-            self._leases[lease] = _Tracked(policy, policy.deadline(sent_at), on_lost, sent_at)
+            self._leases[lease] = _Tracked(policy, policy.deadline(sent_at), on_lost, sent_at, on_renewed)
             self.interval = min(self.interval, policy.interval)
         self._ensure_thread()
 
@@ -109,6 +121,8 @@ class Renewer:
                     tracked = self._leases.get(lease)
                     if tracked is not None:
                         tracked.deadline, tracked.sent_at = tracked.policy.deadline(sent_at), sent_at
+                if tracked is not None and tracked.on_renewed is not None:
+                    self._call(tracked.on_renewed, lease)
 
     def _expire_overdue(self) -> None:
         now = self.clock()
@@ -120,12 +134,15 @@ class Renewer:
     def _lose(self, lease: Lease, reason: str) -> None:
         with self._lock:
             tracked = self._leases.pop(lease, None)
-        if tracked is None:
-            return
+        if tracked is not None:
+            self._call(tracked.on_lost, lease, reason)
+
+    @staticmethod
+    def _call(callback: Callable[..., None], lease: Lease, *args: str) -> None:
         try:
-            tracked.on_lost(lease, reason)
+            callback(lease, *args)
         except Exception:  # a failing callback must not stop renewing the other leases
-            log.exception("fence lease-lost callback failed for %s", lease.key)
+            log.exception("fence renewer callback failed for %s", lease.key)
 
     def _ensure_thread(self) -> None:
         if self._thread is not None and self._thread.is_alive():

@@ -1,15 +1,43 @@
-"""Celery signals sent by celery-fence, in the process that runs the task.
+"""Celery signals sent by celery-fence.
 
-Receivers get ``sender`` (the task) and keyword arguments ``key``, ``token``, ``task_id`` and, for
-``lease_lost`` and ``write_refused``, ``reason``.
+Run signals are sent in the process that runs the task, with ``sender`` the task and keyword arguments
+``key``, ``token`` and ``task_id``, plus:
+
+- ``lease_acquired``: nothing more (a takeover also sends ``lease_takeover``);
+- ``lease_takeover``: ``expired_for``, seconds the taken-over lease had been expired by the store's clock,
+  or ``None`` when the store does not tell (sent only by stores that report takeovers on acquire);
+- ``lease_renewed``: nothing more (one per lease per successful renew);
+- ``lease_lost`` and ``write_refused``: ``reason``;
+- ``lease_duplicate``: ``reason``, ``"done"`` (the key is finished: the stored result is returned) or
+  ``"held"`` (a live lease holds the key: this delivery is absorbed); ``token`` is 0 when held;
+- ``lease_released``: ``held``, seconds from the acquire to the end of the run, whatever its outcome
+  (completed, released on an exception or retry, refused, or handed back).
+
+``run_recovered`` is sent where recovery runs (``celery fence recover`` or ``--fence-recover``), with
+``sender`` the app and ``key``, ``task`` (the task's name), ``task_id`` and ``attempt``.
 """
 
 from __future__ import annotations
 
 from celery.utils.dispatch import Signal
 
-__all__ = ["lease_acquired", "lease_lost", "write_refused"]
+__all__ = [
+    "lease_acquired",
+    "lease_duplicate",
+    "lease_lost",
+    "lease_released",
+    "lease_renewed",
+    "lease_takeover",
+    "run_recovered",
+    "write_refused",
+]
 
-lease_acquired = Signal(name="lease_acquired", providing_args={"key", "token", "task_id"})
-lease_lost = Signal(name="lease_lost", providing_args={"key", "token", "task_id", "reason"})
-write_refused = Signal(name="write_refused", providing_args={"key", "token", "task_id", "reason"})
+_RUN = {"key", "token", "task_id"}
+lease_acquired = Signal(name="lease_acquired", providing_args=_RUN)
+lease_takeover = Signal(name="lease_takeover", providing_args=_RUN | {"expired_for"})
+lease_renewed = Signal(name="lease_renewed", providing_args=_RUN)
+lease_lost = Signal(name="lease_lost", providing_args=_RUN | {"reason"})
+write_refused = Signal(name="write_refused", providing_args=_RUN | {"reason"})
+lease_duplicate = Signal(name="lease_duplicate", providing_args=_RUN | {"reason"})
+lease_released = Signal(name="lease_released", providing_args=_RUN | {"held"})
+run_recovered = Signal(name="run_recovered", providing_args={"key", "task", "task_id", "attempt"})

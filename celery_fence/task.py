@@ -24,7 +24,7 @@ from celery.exceptions import Ignore
 from celery.signals import celeryd_after_setup, celeryd_init
 
 from . import codec
-from .bootstep import add_recovery_step
+from .bootstep import add_worker_steps
 from .config import FenceConfig
 from .errors import (
     AlreadyDone,
@@ -41,7 +41,15 @@ from .fence import Fence
 from .keys import derive_key
 from .lease import Lease
 from .runtime import FenceRuntime, runtime_for
-from .signals import lease_acquired, lease_lost, write_refused
+from .signals import (
+    lease_acquired,
+    lease_duplicate,
+    lease_lost,
+    lease_released,
+    lease_renewed,
+    lease_takeover,
+    write_refused,
+)
 from .startup import check_worker_at_start
 
 __all__ = ["FencedTask"]
@@ -68,7 +76,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     @classmethod
     def on_bound(cls, app: Any) -> None:
         """Check the app's settings when a worker starts (once per process, whatever the number of tasks)."""
-        celeryd_init.connect(add_recovery_step, weak=False, dispatch_uid="celery_fence.recovery")
+        celeryd_init.connect(add_worker_steps, weak=False, dispatch_uid="celery_fence.worker_steps")
         celeryd_after_setup.connect(check_worker_at_start, weak=False, dispatch_uid="celery_fence.startup")
 
     @property
@@ -98,6 +106,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             send_fence_event(
                 self, self.request, "duplicate", key=key, token=done.token, reason="already done"
             )
+            lease_duplicate.send(sender=self, key=key, token=done.token, task_id=request.id, reason="done")
             return done.result
         except LeaseHeld as held:
             return self._on_busy(held, config, is_task_id)
@@ -139,6 +148,8 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         request._fence = fence
         fields = {"key": lease.key, "token": lease.token, "task_id": request.id}
         lease_acquired.send(sender=self, **fields)
+        if lease.taken_over:  # the store said so in the acquire itself: no extra round trip
+            lease_takeover.send(sender=self, expired_for=lease.expired_for, **fields)
         if runtime.task_events:  # sent only when the worker sends task events
             send_fence_event(self, request, "acquired", key=lease.key, token=lease.token)
         interrupt = runtime.interrupter.arm(fence) if config.interrupt else None
@@ -151,7 +162,9 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             if interrupt is not None:
                 runtime.interrupter.fire(interrupt, fence)
 
-        runtime.renewer.track(lease, config.policy, sent_at, on_lost)
+        runtime.renewer.track(
+            lease, config.policy, sent_at, on_lost, lambda _: lease_renewed.send(sender=self, **fields)
+        )
         try:
             try:
                 result = self.run(*args, **kwargs)
@@ -174,6 +187,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         finally:
             runtime.renewer.untrack(lease)
             self.request._fence = None
+            lease_released.send(sender=self, held=time.monotonic() - sent_at, **fields)
 
     def _complete(self, runtime: FenceRuntime, config: FenceConfig, fence: Fence, result: Any) -> None:
         """Complete with the token; retry a store hiccup until the local deadline."""
@@ -216,6 +230,8 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
 
     def _on_busy(self, held: LeaseHeld, config: FenceConfig, is_task_id: bool) -> Any:
         countdown = config.policy.busy_countdown(held.expires_in)
+        if is_task_id or config.on_busy == "ignore":  # both are told as task-fence-duplicate below
+            lease_duplicate.send(sender=self, key=held.key, token=0, task_id=self.request.id, reason="held")
         if is_task_id:  # a copy of this very task id: absorb it, and come back in case the holder dies
             log.info("fence: duplicate delivery of %s absorbed: %s; back in %.1fs", held.key, held, countdown)
             send_fence_event(self, self.request, "duplicate", key=held.key, token=0, reason=str(held))

@@ -1,0 +1,134 @@
+"""FenceMetrics on a private registry, fed by eager runs on a memory store with a fake clock. No sleeps."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from prometheus_client import CollectorRegistry
+
+from celery_fence import ConfigurationError, FencedTask, FenceMetrics, Lease, LeasePolicy
+from celery_fence.config import FenceConfig
+from celery_fence.renewer import Renewer
+from celery_fence.runtime import runtime_for
+from celery_fence.signals import run_recovered, write_refused
+from celery_fence.stores.memory import MemoryStore
+from celery_fence.testing import FakeClock
+
+
+def make_app(name: str, clock: FakeClock) -> Celery:
+    app = Celery(name, broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.fence_store_url = "memory://"
+    runtime_for(app)._store = MemoryStore(clock=clock)  # the test moves the store's time
+    return app
+
+
+@pytest.fixture
+def app(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> Iterator[Celery]:
+    monkeypatch.setattr(Renewer, "_ensure_thread", lambda self: None)
+    app = make_app("unit", clock)
+    yield app
+    runtime_for(app).close()
+
+
+@pytest.fixture
+def metrics(app: Celery) -> Iterator[FenceMetrics]:
+    metrics = FenceMetrics(CollectorRegistry()).connect(app)
+    yield metrics
+    metrics.disconnect()
+
+
+def value(metrics: FenceMetrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(f"celery_fence_{name}", labels) or 0.0
+
+
+def fenced(app: Celery) -> Any:
+    @app.task(base=FencedTask, bind=True, name="unit.charge", fence_key="order:{order}")
+    def charge(self: Any, order: int) -> int:
+        return order
+
+    return charge
+
+
+def test_a_run_counts_its_acquire_and_hold_time_and_a_second_delivery_a_duplicate(
+    app: Celery, metrics: FenceMetrics
+) -> None:
+    charge = fenced(app)
+    assert charge.apply((7,)).get() == 7
+    assert charge.apply((7,)).get() == 7  # the key is done: its stored result, unrun
+    assert value(metrics, "acquired_total", task="unit.charge") == 1
+    assert value(metrics, "duplicate_total", task="unit.charge", reason="done") == 1
+    assert value(metrics, "lease_hold_seconds_count", task="unit.charge") == 1
+    assert value(metrics, "takeover_total", task="unit.charge") == 0
+
+
+def test_a_takeover_is_counted_with_how_long_the_old_lease_had_expired(
+    app: Celery, metrics: FenceMetrics, clock: FakeClock
+) -> None:
+    charge = fenced(app)
+    runtime_for(app).store.acquire("order:8", "a dead worker", 5.0)
+    clock.advance(7.5)
+    charge.apply((8,))
+    assert value(metrics, "takeover_total", task="unit.charge") == 1
+    assert value(metrics, "acquired_total", task="unit.charge") == 1
+    assert value(metrics, "takeover_latency_seconds_count", task="unit.charge") == 1
+    assert value(metrics, "takeover_latency_seconds_sum", task="unit.charge") == pytest.approx(2.5)
+    assert value(metrics, "takeover_latency_seconds_bucket", task="unit.charge", le="5.0") == 1
+    assert value(metrics, "takeover_latency_seconds_bucket", task="unit.charge", le="2.0") == 0
+
+
+def test_another_apps_runs_are_not_counted(app: Celery, metrics: FenceMetrics, clock: FakeClock) -> None:
+    other = make_app("other", clock)
+    charge = fenced(other)  # the same task name as the connected app's
+    charge.apply((9,))
+    write_refused.send(sender=charge, key="k", token=1, task_id="t", reason="stale")
+    run_recovered.send(sender=other, key="k", task="unit.charge", task_id="t", attempt=1)
+    assert metrics.registry.get_sample_value("celery_fence_acquired_total", {"task": "unit.charge"}) is None
+    assert value(metrics, "refused_total", task="unit.charge") == 0
+    assert value(metrics, "recovered_total", task="unit.charge") == 0
+    runtime_for(other).close()
+
+
+def test_refusals_and_recoveries_of_the_connected_app_are_counted(app: Celery, metrics: FenceMetrics) -> None:
+    charge = fenced(app)
+    write_refused.send(sender=charge, key="k", token=1, task_id="t", reason="stale")
+    run_recovered.send(sender=app, key="k", task="unit.charge", task_id="t", attempt=1)
+    assert value(metrics, "refused_total", task="unit.charge") == 1
+    assert value(metrics, "recovered_total", task="unit.charge") == 1
+
+
+def test_the_renewer_reports_each_successful_renew(clock: FakeClock, store: MemoryStore) -> None:
+    policy, renewed = LeasePolicy(9.0), []
+    renewer = Renewer(store, policy.interval, clock=clock)
+    lease = store.acquire("k", "a", policy.ttl)
+    renewer.track(lease, policy, clock(), lambda *_: None, renewed.append)
+    clock.advance(policy.interval)
+    renewer.tick()
+    assert renewed == [lease]
+    stale = Lease("k", lease.token + 1, "b")
+    renewer.track(stale, policy, clock(), lambda *_: None, renewed.append)
+    clock.advance(policy.interval)
+    renewer.tick()  # the stale one is lost, not renewed
+    assert renewed == [lease, lease]
+
+
+def test_disconnected_metrics_count_nothing(app: Celery) -> None:
+    metrics = FenceMetrics().connect(app)
+    metrics.disconnect()
+    fenced(app).apply((10,))
+    assert value(metrics, "acquired_total", task="unit.charge") == 0
+
+
+def test_without_prometheus_client_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(ConfigurationError, match=r"pip install 'celery-fence\[prometheus\]'"):
+        FenceMetrics()
+
+
+@pytest.mark.parametrize("port", [0, 70000, "9100", True, 1.5])
+def test_a_bad_metrics_port_is_refused_naming_the_setting(port: Any) -> None:
+    with pytest.raises(ConfigurationError, match="fence_metrics_port must be a TCP port"):
+        FenceConfig.from_conf({"fence_metrics_port": port})
