@@ -1,0 +1,90 @@
+"""``celery worker --fence-metrics-port``: a prefork worker of two processes serves its counters, summed
+over both, from its main process; scraped with plain urllib (Redis store: it reports takeovers)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.contract.harness import free_port
+
+from .conftest import Cluster
+from .fenced_app import record
+from .workers import marks, wait_for
+
+pytestmark = pytest.mark.integration
+
+SAMPLE = re.compile(r'^(\w+)(?:\{(.*)\})? (\S+)$')
+TASK = "tests.integration.fenced_app.record"
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        return str(answer.read().decode())
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    found = {}
+    for line in text.splitlines():
+        match = SAMPLE.match(line)
+        if match and not line.startswith("#"):
+            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+            found[match.group(1), labels] = float(match.group(3))
+    return found
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    return samples(text).get((f"celery_fence_{name}", frozenset({"task": TASK, **labels}.items())), 0.0)
+
+
+def paused_run_taken_over(cluster: Cluster) -> str:
+    """A run stopped past its lease, its id sent again (the other pool process takes over), then resumed."""
+    task_id = str(uuid.uuid4())
+    record.apply_async(("paused",), {"pause": 3.0}, task_id=task_id)
+    ((pid, _),) = wait_for(lambda: marks(cluster.workdir, task_id, "started"), what="first run started")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: (cluster.store.get(task_id).expires_in or 0) <= 0, what="the paused lease to expire")
+        record.apply_async(("paused",), task_id=task_id).get(timeout=30)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: ("refused" in [e for e, _ in cluster.events(task_id)]), what="the stale run's refusal")
+    return task_id
+
+
+@pytest.mark.parametrize("cluster", [{"store": "redis", "ttl": "2"}], indirect=True, ids=["redis"])
+def test_a_prefork_worker_serves_its_fence_counters(cluster: Cluster) -> None:
+    port = free_port()
+    cluster.worker("m", concurrency=2, extra=("--fence-metrics-port", str(port)))
+    done = [record.apply_async((f"item-{i}",), {"pause": 1.5 if i == 0 else 0.0}) for i in range(3)]
+    for result in done:
+        result.get(timeout=30)
+    assert record.apply_async(("again",), task_id=done[1].id).get(timeout=30)["item"] == "item-1"
+    abandoned = str(uuid.uuid4())
+    cluster.store.acquire(abandoned, "a worker that died", 1.0)  # its lease expires, unreleased
+    wait_for(lambda: (cluster.store.get(abandoned).expires_in or 0) <= 0, what="the dead lease to expire")
+    record.apply_async(("abandoned",), task_id=abandoned).get(timeout=30)
+    paused_run_taken_over(cluster)
+    # 3 runs, the abandoned key's new run, the paused run and its takeover: 6 acquires, 6 ends.
+
+    def all_ended() -> str | None:
+        text = scrape(port)
+        return text if value(text, "lease_hold_seconds_count") == 6 else None
+
+    text = wait_for(all_ended, what="every run's end to be counted")
+    if os.environ.get("FENCE_METRICS_SCRAPE"):
+        Path(os.environ["FENCE_METRICS_SCRAPE"]).write_text(text)
+    assert value(text, "acquired_total") == 6
+    assert value(text, "takeover_total") == 2
+    assert value(text, "takeover_latency_seconds_count") == 2
+    assert value(text, "duplicate_total", reason="done") == 1
+    assert value(text, "refused_total") == 1
+    assert value(text, "renewed_total") >= 1  # the 1.5 s run outlives a renew interval (2 s ttl / 3)
+    assert value(text, "recovered_total") == 0
+    assert 'key="' not in text and 'token="' not in text and abandoned not in text  # low cardinality
