@@ -20,7 +20,7 @@ from .workers import marks, wait_for
 
 pytestmark = pytest.mark.integration
 
-SAMPLE = re.compile(r'^(\w+)(?:\{(.*)\})? (\S+)$')
+SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
 TASK = "tests.integration.fenced_app.record"
 
 
@@ -54,7 +54,7 @@ def paused_run_taken_over(cluster: Cluster) -> str:
         record.apply_async(("paused",), task_id=task_id).get(timeout=30)
     finally:
         os.kill(pid, signal.SIGCONT)
-    wait_for(lambda: ("refused" in [e for e, _ in cluster.events(task_id)]), what="the stale run's refusal")
+    wait_for(lambda: "refused" in [e for e, _ in cluster.events(task_id)], what="the stale run's refusal")
     return task_id
 
 
