@@ -15,7 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 PG_SERVER_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-PG_TEST_DATABASE = "celery_fence_test"
+# The soak sets its own, so its faults (every celery-fence session of the database terminated) stay there.
+PG_TEST_DATABASE = os.environ.get("FENCE_TEST_PG_DATABASE", "celery_fence_test")
 REDIS_HOST = "127.0.0.1"
 REDIS_PORT = 6379
 REDIS_TEST_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/15"
@@ -48,9 +49,19 @@ def _sqlalchemy_scheme(scheme: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def postgres_url() -> str:
-    """SQLAlchemy URL of a ``celery_fence_test`` database, created on first use."""
+def postgres_url(request: pytest.FixtureRequest) -> str:
+    """SQLAlchemy URL of a ``celery_fence_test`` database, created on first use.
+
+    ``FENCE_TEST_PG_PRIVATE=1`` (``make soak``) starts a private server for the session instead, so the
+    soak's hundred pool processes neither hit the shared server's ``max_connections`` nor other suites.
+    """
     server_url = os.environ.get("FENCE_TEST_PG_URL") or PG_SERVER_URL
+    if os.environ.get("FENCE_TEST_PG_PRIVATE"):
+        from tests.contract.pg_server import private_postgres
+
+        started = private_postgres()
+        server_url = started.__enter__().url()
+        request.addfinalizer(lambda: started.__exit__(None, None, None))
     scheme = urlsplit(server_url).scheme
     libpq_url = urlunsplit(urlsplit(server_url)._replace(scheme="postgresql"))
     try:

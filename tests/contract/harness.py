@@ -7,7 +7,9 @@ never copied.
 from __future__ import annotations
 
 import importlib
+import signal
 import socket
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,6 +30,18 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def end_process(process: subprocess.Popen[bytes] | None, signum: int = signal.SIGTERM) -> None:
+    """Send ``signum`` to a server this suite started (by pid, never by name) and reap it."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signum)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 @dataclass

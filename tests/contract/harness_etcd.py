@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -25,7 +26,7 @@ import requests
 from celery_fence.stores.etcd import EtcdStore
 from celery_fence.stores.etcd_gateway import delete
 
-from .harness import Harness, free_port
+from .harness import Harness, end_process, free_port
 
 
 class EtcdServer:
@@ -68,13 +69,12 @@ class EtcdServer:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()  # by pid, never by name
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        end_process(process)
+
+    def crash(self) -> None:
+        """SIGKILL: etcd keeps what its WAL had synced (every committed request)."""
+        process, self.process = self.process, None
+        end_process(process, signal.SIGKILL)
 
 
 _shared: list[EtcdServer] = []

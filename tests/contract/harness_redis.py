@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -24,7 +25,7 @@ import redis
 from celery_fence import open_store
 
 from ..conftest import require_server
-from .harness import Harness, free_port
+from .harness import Harness, end_process, free_port
 
 # Make every live lease of a prefix expire now: move its store-clock deadline 10,000 s into the past, in
 # the lease hash and in the index of leased keys alike.
@@ -41,8 +42,8 @@ end
 class RedisServer:
     """One private redis-server process, started and stopped by pid."""
 
-    def __init__(self, directory: Path, port: int | None = None) -> None:
-        self.directory, self.port = directory, port or free_port()
+    def __init__(self, directory: Path, port: int | None = None, *options: str) -> None:
+        self.directory, self.port, self.options = directory, port or free_port(), options
         self.process: subprocess.Popen[bytes] | None = None
 
     def url(self, db: int = 0, prefix: str | None = None) -> str:
@@ -57,6 +58,7 @@ class RedisServer:
         assert binary is not None
         args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
         args += ["no", "--dir", str(self.directory), "--daemonize", "no", "--logfile", "redis.log"]
+        args += self.options  # later directives win: e.g. ("--appendonly", "yes") for a durable server
         self.process = subprocess.Popen(args, cwd=self.directory)
         deadline = time.monotonic() + 10
         while True:
@@ -71,13 +73,12 @@ class RedisServer:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()  # by pid, never by name
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        end_process(process)
+
+    def crash(self) -> None:
+        """SIGKILL: what survives is what the server had made durable."""
+        process, self.process = self.process, None
+        end_process(process, signal.SIGKILL)
 
     def restart(self) -> None:
         """Stop and start on the same port: without persistence, every key is gone."""

@@ -5,6 +5,7 @@ of its own per test, and workers that are always stopped by pid."""
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,11 +16,16 @@ import pytest
 from sqlalchemy import Engine, text
 
 from tests.contract.harness import HARNESSES, pg_schema_store
+from tests.contract.restartable import restartable_store
 
 from .fenced_app import accounts, ledger
 from .workers import Worker
 
 STORES = ("postgresql", "redis", "etcd")
+# Redis databases of the broker and the result backend. The soak moves them (kombu's visibility-timeout
+# restore scans one unacked index per database, so a soak case would re-deliver other suites' messages).
+BROKER_DB = os.environ.get("FENCE_TEST_BROKER_DB", "14")
+BACKEND_DB = os.environ.get("FENCE_TEST_BACKEND_DB", "13")
 ALL_STORES = ("postgresql", "sqlite", "redis", "etcd")
 
 
@@ -39,6 +45,7 @@ class Cluster:
     workdir: Path
     queue: str
     workers: list[Worker] = field(default_factory=list)
+    server: Any = None  # the store's private server, when the test asked for a restartable one
 
     def worker(
         self, name: str, queues: str | None = None, env: dict[str, str] | None = None, **options: Any
@@ -70,13 +77,20 @@ def effects_engine(store: Any, user_db: Engine) -> Engine:
 
 
 @contextlib.contextmanager
-def _lease_store(name: str, user_db: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+def _lease_store(
+    name: str, user_db: Any, request: pytest.FixtureRequest, restartable: bool
+) -> Iterator[tuple[Any, Any]]:
+    """``(store, server)``; ``server`` is None unless the test asked for a server it may restart."""
+    if restartable:
+        with restartable_store(name, request) as pair:
+            yield pair
+        return
     if name == "postgresql":  # the lease rows share the schema of the tasks' tables
-        yield user_db
+        yield user_db, None
         return
     opened = HARNESSES[name].open(request)
     try:
-        yield next(opened)
+        yield next(opened), None
     finally:
         opened.close()
 
@@ -92,7 +106,9 @@ def cluster(
     redis_base = redis_server_url.rsplit("/", 1)[0]
     with (
         pg_schema_store(postgres_url) as user_db,
-        _lease_store(params.get("store", "postgresql"), user_db, request) as store,
+        _lease_store(
+            params.get("store", "postgresql"), user_db, request, bool(params.get("restartable"))
+        ) as (store, server),
     ):
         store.migrate()
         with effects_engine(store, user_db.engine).begin() as conn:
@@ -104,8 +120,8 @@ def cluster(
         ledger.create(user_db.engine, checkfirst=True)
         queue = f"fence-it-{uuid.uuid4().hex[:8]}"
         env = {
-            "FENCE_IT_BROKER": f"{redis_base}/14",
-            "FENCE_IT_BACKEND": f"{redis_base}/13",
+            "FENCE_IT_BROKER": f"{redis_base}/{BROKER_DB}",
+            "FENCE_IT_BACKEND": f"{redis_base}/{BACKEND_DB}",
             "FENCE_IT_STORE": store.url,
             "FENCE_IT_USER_DB": user_db.url,
             "FENCE_IT_TTL": str(ttl),
@@ -120,7 +136,7 @@ def cluster(
             fence_store_url=store.url,
             fence_lease_ttl=float(ttl),
         )
-        world = Cluster(store, user_db.engine, app, env, tmp_path, queue)
+        world = Cluster(store, user_db.engine, app, env, tmp_path, queue, server=server)
         try:
             yield world
         finally:

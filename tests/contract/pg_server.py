@@ -1,0 +1,98 @@
+"""A private PostgreSQL cluster for tests that must crash and restart the store itself.
+
+``initdb`` in a temp dir, ``postgres`` on a free port, run as the ``postgres`` user (PostgreSQL refuses to
+run as root), stopped by pid. The shared server on 5432 is never restarted: other suites use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from ..conftest import require_server
+from .harness import end_process, free_port
+
+
+def _binaries() -> Path | None:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    return found[-1].parent if found else None
+
+
+class PostgresServer:
+    """One private postmaster, started and stopped by pid."""
+
+    def __init__(self, binaries: Path, directory: Path) -> None:
+        self.binaries, self.directory, self.port = binaries, directory, free_port()
+        self.data = directory / "data"
+        self.process: subprocess.Popen[bytes] | None = None
+        self._user = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
+
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run_as(self) -> dict[str, int]:
+        return {"user": self._user.pw_uid, "group": self._user.pw_gid} if self._user else {}
+
+    def init(self) -> PostgresServer:
+        if self._user:
+            os.chown(self.directory, self._user.pw_uid, self._user.pw_gid)
+        initdb = [str(self.binaries / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres"]
+        subprocess.run([*initdb, "-E", "UTF8"], check=True, capture_output=True, **self._run_as())  # type: ignore[call-overload]
+        return self
+
+    def start(self) -> PostgresServer:
+        args = [str(self.binaries / "postgres"), "-D", str(self.data), "-p", str(self.port)]
+        args += ["-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.directory}"]
+        args += ["-c", "fsync=on", "-c", "max_connections=500"]  # the soak's 100 pool processes
+        with open(self.directory / "postgres.log", "ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, **self._run_as())  # type: ignore[call-overload]
+        deadline = time.monotonic() + 30
+        while not self._answers():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = (self.directory / "postgres.log").read_text(errors="replace")[-2000:]
+                pytest.fail(f"private PostgreSQL on port {self.port} did not start:\n{tail}")
+            time.sleep(0.05)
+        return self
+
+    def _answers(self) -> bool:
+        dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        with contextlib.suppress(psycopg.Error), psycopg.connect(dsn, connect_timeout=1):
+            return True
+        return False
+
+    def crash(self) -> None:
+        """Immediate shutdown (SIGQUIT: no checkpoint, crash recovery on the next start)."""
+        self._signal(signal.SIGQUIT)
+
+    def stop(self) -> None:
+        self._signal(signal.SIGINT)  # fast shutdown
+
+    def _signal(self, signum: int) -> None:
+        process, self.process = self.process, None
+        end_process(process, signum)
+
+
+@contextlib.contextmanager
+def private_postgres() -> Iterator[PostgresServer]:
+    binaries = _binaries()
+    require_server("initdb", binaries is not None, "install postgresql (apt install postgresql)")
+    assert binaries is not None
+    directory = Path(tempfile.mkdtemp(prefix="fence-pg-"))
+    server = PostgresServer(binaries, directory).init().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
