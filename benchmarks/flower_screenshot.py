@@ -1,0 +1,167 @@
+"""Screenshots of a real Flower showing the fence states (``make flower-screenshot``).
+
+Starts Flower and two Redis-broker workers with events on (``-E``) for ``benchmarks/flower_app.py``, then
+makes one run in each state: a normal SUCCESS, a duplicate absorbed (``task-fence-duplicate``, shown as
+FENCE-DUPLICATE), a stale run refused (its process SIGSTOPped past the 3 s ttl while a copy takes over,
+then resumed: FENCE-REFUSED) and a lost lease (an admin ``celery fence release`` under a run that never
+checks: FENCE-LOST). Once Flower's ``/api/tasks`` shows every state it takes PNGs of the tasks page and of
+the refused task's page with headless Chromium, into ``docs/img/``.
+
+Needs Redis on 127.0.0.1:6379 (DB 7, flushed), Flower (the ``flower`` extra) and ``/usr/bin/chromium``
+(``CHROMIUM`` to change). ``FLOWER_SHOT_SRC``: a folder with a ``celery_fence/`` to run instead of the
+working tree's (the processes start in it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from celery_fence._faults import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+IMG = ROOT / "docs" / "img"
+REDIS = "redis://127.0.0.1:6379/7"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+SRC = os.environ.get("FLOWER_SHOT_SRC")
+CWD = Path(SRC) if SRC else ROOT
+CELERY = [sys.executable, "-m", "celery", "-A", "benchmarks.flower_app"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as reply:
+            return json.loads(reply.read())
+    except (OSError, ValueError):
+        return None
+
+
+class Process:
+    """A child in a process group of its own, stopped by its pid."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], log: Path) -> None:
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                cmd, env=env, cwd=CWD, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                start_new_session=True,
+            )
+        self.log = log
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(20)
+        with contextlib.suppress(ProcessLookupError):  # whatever is left of our own group
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            self.proc.wait(10)
+
+
+def screenshot(url: str, path: Path, workdir: Path, budget_ms: int = 10000) -> None:
+    profile = tempfile.mkdtemp(prefix="chromium-", dir=workdir)
+    cmd = [
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}", f"--screenshot={path}", "--window-size=1400,900",
+        f"--virtual-time-budget={budget_ms}", url,
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    print(f"wrote {path.relative_to(ROOT)} ({path.stat().st_size // 1024} KB)")
+
+
+def main() -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="fence-flower-"))
+    os.environ["FLOWER_SHOT_DIR"] = str(workdir)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(CWD), str(ROOT)])),
+           "FLOWER_SHOT_DIR": str(workdir), "FLOWER_UNAUTHENTICATED_API": "true"}  # fmt: skip
+    redis.Redis.from_url(REDIS).flushdb()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    procs: list[Process] = []
+    try:
+        flower_cmd = [*CELERY, "flower", f"--port={port}", "--address=127.0.0.1"]
+        flower = Process(flower_cmd, env, workdir / "flower.log")
+        procs.append(flower)
+        wait_for(lambda: get(f"{url}/api/workers") is not None, 60, "Flower")
+        for name in ("a", "b"):
+            worker = Process(
+                [*CELERY, "worker", "-P", "prefork", "-c", "2", "-E", "-Q", "fence.flower",
+                 "-n", f"shot-{name}@%h", "-l", "INFO", "--without-gossip", "--without-mingle"],
+                env, workdir / f"worker-{name}.log",
+            )  # fmt: skip
+            procs.append(worker)
+            wait_for(lambda w=worker: "ready." in w.text(), 90, f"worker {name}")
+        ids = produce(workdir, env)
+        wanted = {"SUCCESS", "FENCE-DUPLICATE", "FENCE-REFUSED", "FENCE-LOST"}
+        try:
+            wait_for(lambda: wanted <= states(url), 60, f"Flower to show {sorted(wanted)}")
+        finally:
+            shown = {k: (v.get("name"), v.get("state")) for k, v in (get(f"{url}/api/tasks") or {}).items()}
+            print(f"Flower shows: {json.dumps(shown)} (logs in {workdir})")
+        IMG.mkdir(parents=True, exist_ok=True)
+        screenshot(f"{url}/tasks", IMG / "flower-tasks.png", workdir)
+        screenshot(f"{url}/task/{ids['refused']}", IMG / "flower-refused-task.png", workdir)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+    return 0
+
+
+def states(url: str) -> set[str]:
+    return {t.get("state") for t in (get(f"{url}/api/tasks") or {}).values()}
+
+
+def produce(workdir: Path, env: dict[str, str]) -> dict[str, str]:
+    from benchmarks.flower_app import charge, export
+
+    def pid_of(task_id: str) -> int:
+        found = wait_for(lambda: list(workdir.glob(f"{task_id}.*.started")), 60, f"{task_id} to start")
+        return int(found[0].name.split(".")[1])
+
+    ok = charge.apply_async((1,))  # SUCCESS
+    ok.get(timeout=60)
+    charge.apply_async((1,)).get(timeout=60)  # a copy of a finished key: its stored result (SUCCESS too)
+    holder = charge.apply_async((2,), {"work": 4.0})
+    pid_of(holder.id)
+    charge.apply_async((2,))  # the key is held: absorbed, FENCE-DUPLICATE
+    holder.get(timeout=60)
+
+    stale = charge.apply_async((3,), {"work": 2.0})
+    pid = pid_of(stale.id)
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(4.0)  # the fault: paused past the 3 s ttl
+    charge.apply_async((3,)).get(timeout=60)  # a copy takes the key over and commits
+    os.kill(pid, signal.SIGCONT)  # the stale run wakes up and tries its write: FENCE-REFUSED
+
+    lost = export.apply_async((300.0,))
+    pid_of(lost.id)
+    subprocess.run([*CELERY, "fence", "release", lost.id, "--yes"], env=env, cwd=CWD, check=True, timeout=60)
+    return {"success": ok.id, "duplicate_of": holder.id, "refused": stale.id, "lost": lost.id}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
