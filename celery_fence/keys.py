@@ -17,7 +17,11 @@ def derive_key(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
     header = getattr(task.request, "fence_key", None)
     if header is not None:
         return validate_key(header), False
-    spec = task.fence_key
+    # Celery makes decorator options class attributes, so a plain function would come back bound to the
+    # task: read the attribute as stored, and unwrap a staticmethod.
+    spec = inspect.getattr_static(task, "fence_key", None)
+    if isinstance(spec, staticmethod):
+        spec = spec.__func__
     if spec is None:
         return validate_key(task.request.id), True
     if callable(spec):

@@ -116,3 +116,25 @@ def test_a_callable_returning_a_non_str_is_invalid() -> None:
 def test_a_malformed_template_is_a_configuration_error() -> None:
     with pytest.raises(FenceError, match=r"shop\.charge"):
         derive_key(fake_task("invoice:{invoice_id"), (1,), {})
+
+
+def test_a_callable_fence_key_on_a_real_celery_task_gets_the_arguments_not_the_task() -> None:
+    from celery import Celery
+
+    from celery_fence import FencedTask
+
+    app = Celery("keys", set_as_current=False)
+
+    @app.task(base=FencedTask, bind=True, fence_key=lambda order_id, **_: f"order:{order_id}")
+    def ship(self: Any, order_id: int, express: bool = False) -> None: ...
+
+    @app.task(base=FencedTask, bind=True, fence_key=staticmethod(lambda order_id: f"o:{order_id}"))
+    def pack(self: Any, order_id: int) -> None: ...
+
+    for proxy, expected in ((ship, "order:7"), (pack, "o:7")):
+        task = app.tasks[proxy.name]  # what a worker calls: the task itself, not the lazy proxy
+        task.push_request(id="task-id-7")
+        try:
+            assert derive_key(task, (7,), {}) == (expected, False)
+        finally:
+            task.pop_request()
