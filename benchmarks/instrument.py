@@ -2,8 +2,8 @@
 ``FENCE_BENCH_COUNT_DIR`` is set; never in a throughput run).
 
 - PostgreSQL: every psycopg ``Cursor.execute``/``executemany`` (one round trip each in autocommit), plus
-  every ``commit``/``rollback`` that actually has a transaction to end; SQLite: every SQLAlchemy cursor
-  execute (in-process: statements, not network round trips);
+  every ``commit``/``rollback`` that actually has a transaction to end; SQLite: every ``sqlite3`` cursor
+  ``execute``/``executemany`` (in-process: statements, not network round trips);
 - Redis: every command written to a socket of the store's server (``Connection.send_packed_command``);
 - etcd: every HTTP request sent to the store's endpoint (``requests.Session.send``).
 
@@ -66,13 +66,31 @@ def _install_psycopg() -> None:
 
 
 def _install_sqlite() -> None:
+    """sqlite3's types cannot be patched: every SQLite connection SQLAlchemy opens from now on is made by a
+    counting ``sqlite3.Connection`` subclass (the store runs its hot statements on the driver's cursor,
+    which SQLAlchemy's execute events never see)."""
+    import sqlite3
+
     from sqlalchemy import Engine, event
 
-    def on_execute(conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if conn.dialect.name == "sqlite":
-            _count(_kind(statement))
+    class Cursor(sqlite3.Cursor):
+        def execute(self, sql: str, *args: Any) -> Any:
+            _count(_kind(sql))
+            return super().execute(sql, *args)
 
-    event.listen(Engine, "before_cursor_execute", on_execute)
+        def executemany(self, sql: str, *args: Any) -> Any:
+            _count(_kind(sql))
+            return super().executemany(sql, *args)
+
+    class Connection(sqlite3.Connection):
+        def cursor(self, *args: Any, **kwargs: Any) -> Any:
+            return super().cursor(Cursor)
+
+    def on_connect(dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        if dialect.name == "sqlite":
+            cparams["factory"] = Connection
+
+    event.listen(Engine, "do_connect", on_connect)
 
 
 def _install_redis(port: int) -> None:

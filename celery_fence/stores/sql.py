@@ -2,6 +2,7 @@
 
 acquire, renew (of any number of leases), complete and release are one statement each, run in autocommit
 so one statement is one round trip; the audit trail is written by a trigger inside that same statement.
+Those four run on the driver's cursor, compiled once (``sql_driver``); the rest goes through SQLAlchemy.
 Multi-statement work (fenced transactions, steps, refusals) runs in one short explicit transaction.
 """
 
@@ -19,6 +20,7 @@ from .. import codec
 from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
 from ..failpoints import failpoint
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from .sql_driver import DriverStatements
 from .sql_engine import SessionLimits, create_store_engine, translate_errors
 from .sql_queries import queries_for
 from .sql_schema import SCHEMA_VERSION, migrate
@@ -34,10 +36,12 @@ class SQLStore:
 
     def __init__(self, url: str, limits: SessionLimits | None = None) -> None:
         self.url = url
-        self.engine = create_store_engine(url, limits or SessionLimits())
-        self._auto = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        limits = limits or SessionLimits()
+        self.engine = create_store_engine(url, limits)  # explicit transactions
+        self.autocommit_engine = create_store_engine(url, limits, autocommit=True)
         self.dialect = self.engine.dialect.name
         self.q = queries_for(self.dialect)
+        self._driver = DriverStatements(self.autocommit_engine, self.q)
         self._schema_ready = False
 
     # -- schema --
@@ -50,17 +54,26 @@ class SQLStore:
     def _ready(self) -> None:
         if self._schema_ready:
             return
-        with translate_errors(self.url), self.engine.begin() as conn:
-            if not _schema_current(conn):
-                migrate(conn)
+        # Checked on the autocommit engine: a process whose runs open no fenced transaction then holds
+        # one connection, not one per engine.
+        with translate_errors(self.url), self.autocommit_engine.connect() as conn:
+            current = _schema_current(conn)
+        if not current:
+            self.migrate()
         self._schema_ready = True
 
     @contextmanager
     def _one(self) -> Iterator[Connection]:
         """An autocommit connection: each statement is its own transaction and one round trip."""
         self._ready()
-        with translate_errors(self.url), self._auto.connect() as conn:
+        with translate_errors(self.url), self.autocommit_engine.connect() as conn:
             yield conn
+
+    def _hot(self, name: str, params: Mapping[str, Any]) -> Sequence[Any]:
+        """The rows of hot statement ``name``: one autocommit round trip on the driver's cursor."""
+        self._ready()
+        with translate_errors(self.url):
+            return self._driver.rows(name, params)
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
@@ -75,10 +88,10 @@ class SQLStore:
         ttl = validate_ttl(ttl)
         run_text = codec.dumps_mapping(run)
         params = {"key": key, "owner": owner, "ttl": ttl, "run": run_text}
-        with self._one() as conn:
-            token = conn.execute(self.q.acquire, params).scalar()
-            if token is not None:
-                return Lease(key, int(token), owner)
+        rows = self._hot("acquire", params)
+        if rows:
+            return Lease(key, int(rows[0][0]), owner)
+        with self._one() as conn:  # held or done: say by whom (not the hot path)
             state = conn.execute(self.q.state, {"key": key}).first()
         if state is None:  # the row vanished between the two statements (pruned): try once more
             return self.acquire(key, owner, ttl, run)
@@ -93,24 +106,22 @@ class SQLStore:
         ttl = validate_ttl(ttl)
         if not leases:
             return []
-        with self._one() as conn:
-            kept = {(r.key, int(r.token)) for r in conn.execute(self.q.renew, self._pairs(leases, ttl))}
-            lost = [lease for lease in leases if (lease.key, lease.token) not in kept]
-            if lost:
+        kept = {(key, int(token)) for key, token in self._hot("renew", self._pairs(leases, ttl))}
+        lost = [lease for lease in leases if (lease.key, lease.token) not in kept]
+        if lost:
+            with self._one() as conn:
                 conn.execute(self.q.log, [self._event(lease, "renew-failed") for lease in lost])
         return lost
 
     def complete(self, lease: Lease, result: Any) -> None:
         check_lease(lease)
         params = self._event(lease, "complete", result=codec.dumps(result))
-        with self._one() as conn:
-            if conn.execute(self.q.complete, params).first() is None:
-                self._refused(conn, lease, "complete")
+        if not self._hot("complete", params):
+            self._refuse_now(lease, "complete")
 
     def release(self, lease: Lease) -> None:
         check_lease(lease)
-        with self._one() as conn:
-            conn.execute(self.q.release, {"key": lease.key, "token": lease.token})
+        self._hot("release", {"key": lease.key, "token": lease.token})
 
     @contextmanager
     def transaction(self, lease: Lease, step: str | None = None) -> Iterator[Connection]:
@@ -231,6 +242,7 @@ class SQLStore:
 
     def close(self) -> None:
         self.engine.dispose()
+        self.autocommit_engine.dispose()
 
     # -- internals --
 

@@ -1,5 +1,9 @@
 """Engines for the SQL store, and the one place where driver errors become celery-fence errors.
 
+A store has two engines on the same database and session settings: one for explicit transactions, and one
+in autocommit for the single statements (no ``BEGIN``/``COMMIT`` around them, and no reset ``ROLLBACK``
+when a connection goes back to the pool: with no transaction there is nothing to reset).
+
 PostgreSQL sessions carry timeouts so that a paused holder cannot block a takeover for ever
 (``idle_in_transaction_session_timeout``, ``lock_timeout``, ``statement_timeout``) and a dead link fails fast
 (``tcp_user_timeout``, keepalives). SQLite runs in WAL mode with ``busy_timeout`` and opens its transactions
@@ -40,24 +44,29 @@ class SessionLimits:
     connect: float = 5.0
 
 
-def create_store_engine(url: str, limits: SessionLimits) -> Engine:
+def create_store_engine(url: str, limits: SessionLimits, autocommit: bool = False) -> Engine:
+    """An engine for explicit transactions, or (``autocommit``) for one statement per transaction."""
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
         raise ConfigurationError(f"malformed fence store URL {url!r}: {exc}") from exc
     try:
         if parsed.get_backend_name() == "sqlite":
-            return _sqlite_engine(parsed, limits)
+            return _sqlite_engine(parsed, limits, autocommit)
         if parsed.drivername in {"postgresql", "postgres"}:
             parsed = parsed.set(drivername="postgresql+psycopg")
-        return _postgres_engine(parsed, limits)
+        return _postgres_engine(parsed, limits, autocommit)
     except (NoSuchModuleError, ImportError) as exc:
         raise ConfigurationError(
             f"cannot load the driver for {url!r} ({exc}): pip install 'celery-fence[postgres]'"
         ) from exc
 
 
-def _postgres_engine(url: Any, limits: SessionLimits) -> Engine:
+def _pool_options(autocommit: bool) -> dict[str, Any]:
+    return {"isolation_level": "AUTOCOMMIT", "pool_reset_on_return": None} if autocommit else {}
+
+
+def _postgres_engine(url: Any, limits: SessionLimits, autocommit: bool) -> Engine:
     ms = {k: int(v * 1000) for k, v in vars(limits).items()}
     options = (
         f"-c idle_in_transaction_session_timeout={ms['idle_in_transaction']}"
@@ -76,16 +85,21 @@ def _postgres_engine(url: Any, limits: SessionLimits) -> Engine:
         "keepalives_interval": 2,
         "keepalives_count": 2,
     }
-    return create_engine(url, connect_args=connect_args, pool_size=2, max_overflow=8)
+    # The single statements are the hot path (a run's thread and the renewer); transactions are rarer.
+    pool_size = 2 if autocommit else 1
+    return create_engine(
+        url, connect_args=connect_args, pool_size=pool_size, max_overflow=8, **_pool_options(autocommit)
+    )
 
 
-def _sqlite_engine(url: Any, limits: SessionLimits) -> Engine:
+def _sqlite_engine(url: Any, limits: SessionLimits, autocommit: bool) -> Engine:
     if url.database in (None, "", ":memory:") or "mode=memory" in str(url):
         raise ConfigurationError(
             "an in-memory SQLite database is private to one connection; use 'memory://' for an "
             "in-process store or 'sqlite:///path/to/fence.db' for a file"
         )
-    engine = create_engine(url, connect_args={"timeout": limits.lock, "check_same_thread": False})
+    connect_args = {"timeout": limits.lock, "check_same_thread": False}
+    engine = create_engine(url, connect_args=connect_args, **_pool_options(autocommit))
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
@@ -94,10 +108,12 @@ def _sqlite_engine(url: Any, limits: SessionLimits) -> Engine:
         dbapi_conn.execute(f"PRAGMA busy_timeout={int(limits.lock * 1000)}")
         dbapi_conn.execute("PRAGMA synchronous=FULL")  # a lost commit could rewind the token counter
 
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+    if not autocommit:
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
 

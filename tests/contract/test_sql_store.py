@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -53,17 +54,57 @@ def _expire(store: SQLStore) -> None:
 
 
 class StatementCounter:
+    """Counts what the store hands the driver (psycopg or sqlite3 ``execute``/``executemany``), on both of
+    its engines, whether a statement goes through SQLAlchemy or straight to the driver's cursor."""
+
     def __init__(self, store: SQLStore) -> None:
         self.statements: list[str] = []
-        event.listen(store.engine, "before_cursor_execute", self._on_execute)
+        for engine in (store.engine, store.autocommit_engine):
+            event.listen(engine, "do_connect", self._on_connect)
+            engine.dispose()  # every connection from now on is a counting one
 
-    def _on_execute(self, _conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        self.statements.append(statement)
+    def _on_connect(self, dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        if dialect.name == "postgresql":
+            cparams["cursor_factory"] = _counting_psycopg_cursor(self.statements)
+        else:
+            cparams["factory"] = _counting_sqlite_connection(self.statements)
 
     def count(self, fn: Any, *args: Any) -> int:
         self.statements.clear()
         fn(*args)
         return len(self.statements)
+
+
+def _counting_psycopg_cursor(seen: list[str]) -> type:
+    import psycopg
+
+    class Counting(psycopg.Cursor[Any]):
+        def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+            seen.append(str(query))
+            return super().execute(query, *args, **kwargs)
+
+        def executemany(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+            seen.append(str(query))
+            return super().executemany(query, *args, **kwargs)
+
+    return Counting
+
+
+def _counting_sqlite_connection(seen: list[str]) -> type:
+    class Cursor(sqlite3.Cursor):
+        def execute(self, sql: str, *args: Any) -> Any:
+            seen.append(sql)
+            return super().execute(sql, *args)
+
+        def executemany(self, sql: str, *args: Any) -> Any:
+            seen.append(sql)
+            return super().executemany(sql, *args)
+
+    class Connection(sqlite3.Connection):
+        def cursor(self, *args: Any, **kwargs: Any) -> Any:
+            return super().cursor(Cursor)
+
+    return Connection
 
 
 def test_one_statement_per_operation(sql: SQLStore) -> None:
