@@ -6,7 +6,7 @@ PYTEST = $(PY) -m pytest
 ARGS ?=
 LINT_PATHS = $(wildcard celery_fence tests example_app benchmarks)
 
-.PHONY: venv test unit contract integration chaos soak lint type check demo bench clean
+.PHONY: venv test unit contract integration chaos soak lint type check demo bench compare flower-screenshot clean
 
 venv: $(VENV)/.installed
 
@@ -58,6 +58,22 @@ demo: venv
 bench: venv
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) -m benchmarks
+
+# celery-fence against celery-once, celery-singleton, fencekit and relier on the same faults (docs/comparison.md).
+# The peers go into a venv of their own, so .venv stays as the tests expect it.
+COMPARE_VENV = .venv-compare
+compare: $(COMPARE_VENV)/.installed
+	$(COMPARE_VENV)/bin/python -m benchmarks.comparison $(ARGS)
+
+$(COMPARE_VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(COMPARE_VENV)/bin/python || $(PYTHON) -m venv $(COMPARE_VENV)
+	$(COMPARE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(COMPARE_VENV)/bin/python -m pip install --quiet -e '.[compare]'
+	touch $@
+
+# docs/img/flower-*.png from a real Flower in headless Chromium (docs/flower.md).
+flower-screenshot: venv
+	$(PY) -m benchmarks.flower_screenshot $(ARGS)
 
 clean:
 	rm -rf build dist *.egg-info .tox .mypy_cache .ruff_cache .pytest_cache .hypothesis .fence-demo
