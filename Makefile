@@ -6,7 +6,7 @@ PYTEST = $(PY) -m pytest
 ARGS ?=
 LINT_PATHS = $(wildcard celery_fence tests example_app benchmarks)
 
-.PHONY: venv test unit contract integration chaos soak lint type check demo bench compare flower-screenshot clean
+.PHONY: venv test pkg unit contract integration chaos soak lint type check demo bench compare flower-screenshot clean
 
 venv: $(VENV)/.installed
 
@@ -16,9 +16,16 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-# Everything but the soaks; CI runs this. The chaos tests size themselves by FENCE_SOAK_RUNS.
+# Everything but the soaks, then the packaging check; CI runs this. The chaos tests size themselves by
+# FENCE_SOAK_RUNS.
 test: venv
 	$(PYTEST) -m "not soak" $(ARGS)
+	$(MAKE) pkg
+
+# Build the sdist and wheel, twine check them, install the wheel in a fresh venv and run the unit and
+# contract suites against it (a .lua file or py.typed missing from the wheel fails here).
+pkg: venv
+	$(VENV)/bin/tox -e pkg
 
 unit: venv
 	$(PYTEST) tests/unit $(ARGS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import inspect
 import re
 
 import pytest
@@ -99,6 +100,16 @@ def test_package_all_is_sorted_and_every_name_exists() -> None:
     assert len(set(names)) == len(names)
     for name in names:
         assert hasattr(celery_fence, name), name
+
+
+def test_package_all_names_every_public_name() -> None:
+    """Nothing public is left out: every non-underscore name but submodules and ``annotations``."""
+    public = {
+        name
+        for name, value in vars(celery_fence).items()
+        if not name.startswith("_") and not inspect.ismodule(value) and name != "annotations"
+    }
+    assert public == set(celery_fence.__all__)
 
 
 def test_package_exports_every_public_exception() -> None:
