@@ -89,8 +89,8 @@ class SQLStore:
         run_text = codec.dumps_mapping(run)
         params = {"key": key, "owner": owner, "ttl": ttl, "run": run_text}
         rows = self._hot("acquire", params)
-        if rows:
-            return Lease(key, int(rows[0][0]), owner)
+        if rows:  # the old row's expiry is not visible to RETURNING: expired_for stays unknown here
+            return Lease(key, int(rows[0][0]), owner, taken_over=rows[0][1] == "takeover")
         with self._one() as conn:  # held or done: say by whom (not the hot path)
             state = conn.execute(self.q.state, {"key": key}).first()
         if state is None:  # the row vanished between the two statements (pruned): try once more

@@ -86,7 +86,7 @@ def queries_for(dialect_name: str) -> Queries:
               event = CASE WHEN fence_leases.expires_at IS NULL THEN 'acquire' ELSE 'takeover' END
             WHERE NOT fence_leases.done
               AND (fence_leases.expires_at IS NULL OR fence_leases.expires_at <= {d.now})
-            RETURNING token"""),
+            RETURNING token, event"""),
         state=text(f"SELECT {lease_cols} FROM fence_leases WHERE key = :key"),
         # Extend every current lease; the token never changes, so a lost reply is harmless.
         renew=text(f"""

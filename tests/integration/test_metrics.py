@@ -14,7 +14,7 @@ import pytest
 
 from tests.contract.harness import free_port
 
-from .conftest import Cluster
+from .conftest import Cluster, on_every_store
 from .fenced_app import record
 from .workers import marks, wait_for
 
@@ -58,7 +58,7 @@ def paused_run_taken_over(cluster: Cluster) -> str:
     return task_id
 
 
-@pytest.mark.parametrize("cluster", [{"store": "redis", "ttl": "2"}], indirect=True, ids=["redis"])
+@pytest.mark.parametrize("cluster", on_every_store(ttl="2"), indirect=True)
 def test_a_prefork_worker_serves_its_fence_counters(cluster: Cluster) -> None:
     port = free_port()
     cluster.worker("m", concurrency=2, extra=("--fence-metrics-port", str(port)))
@@ -82,7 +82,9 @@ def test_a_prefork_worker_serves_its_fence_counters(cluster: Cluster) -> None:
         Path(os.environ["FENCE_METRICS_SCRAPE"]).write_text(text)
     assert value(text, "acquired_total") == 6
     assert value(text, "takeover_total") == 2
-    assert value(text, "takeover_latency_seconds_count") == 2
+    # Only Redis (and memory) can tell how long the old lease had been expired (docs/metrics.md).
+    latency_known = cluster.store.url.startswith("redis")
+    assert value(text, "takeover_latency_seconds_count") == (2 if latency_known else 0)
     assert value(text, "duplicate_total", reason="done") == 1
     assert value(text, "refused_total") == 1
     assert value(text, "renewed_total") >= 1  # the 1.5 s run outlives a renew interval (2 s ttl / 3)
