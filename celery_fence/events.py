@@ -7,12 +7,15 @@
 - ``task-fence-duplicate``: a delivery found its key held by the same task id, or already done.
 
 Every event carries ``key`` and ``token``. Sending never raises: monitoring must not fail a task.
+``fence_send_events = False`` turns all of them off (Flower then shows fenced runs in Celery's own states).
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any
+
+from .runtime import runtime_for
 
 __all__ = ["send_fence_event"]
 
@@ -23,6 +26,8 @@ def send_fence_event(task: Any, request: Any, kind: str, **fields: Any) -> None:
     """Send ``task-fence-<kind>`` for ``request`` (captured by the run: the renewer thread sends too)."""
     if getattr(request, "is_eager", False) or not getattr(request, "hostname", None):
         return  # not in a worker: nobody is listening
+    if not runtime_for(task.app).config.send_events:
+        return
     policy = task.app.conf.task_publish_retry_policy
     try:
         with task.app.events.default_dispatcher(hostname=request.hostname) as dispatcher:

@@ -28,7 +28,7 @@ class FenceRuntime:
         self.pid = os.getpid()
         self.config = FenceConfig.from_conf(app.conf)
         # Read once per process, not once per run: the settings are final by the time a task runs.
-        self.task_events = bool(app.conf.worker_send_task_events)
+        self.task_events = self.config.send_events and bool(app.conf.worker_send_task_events)
         self.new_owner = OwnerNames()
         self._store: Store | None = None
         self._renewer: Renewer | None = None

@@ -1,0 +1,58 @@
+"""``send_fence_event``: who sends, and ``fence_send_events`` turning every fence event off."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_fence.events import send_fence_event
+
+
+class Dispatcher:
+    def __init__(self, sent: list[tuple[str, dict[str, Any]]]) -> None:
+        self.sent = sent
+
+    def __enter__(self) -> Dispatcher:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        return None
+
+    def send(self, kind: str, **fields: Any) -> None:
+        self.sent.append((kind, fields))
+
+
+def _task(send_events: bool | None) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
+    app = Celery("events", set_as_current=False)
+    app.conf.fence_store_url = "memory://"
+    if send_events is not None:
+        app.conf.fence_send_events = send_events
+    sent: list[tuple[str, dict[str, Any]]] = []
+    app.events.default_dispatcher = lambda **_: Dispatcher(sent)  # type: ignore[method-assign]
+    return SimpleNamespace(app=app), sent
+
+
+WORKER_RUN = SimpleNamespace(id="t1", hostname="w@h", is_eager=False)
+
+
+@pytest.mark.parametrize("send_events", [None, True])
+def test_a_worker_run_sends_its_fence_events(send_events: bool | None) -> None:
+    task, sent = _task(send_events)
+    send_fence_event(task, WORKER_RUN, "refused", key="k", token=3, exception="stale")
+    assert [(kind, f["uuid"], f["key"]) for kind, f in sent] == [("task-fence-refused", "t1", "k")]
+
+
+def test_fence_send_events_false_sends_none() -> None:
+    task, sent = _task(False)
+    for kind in ("acquired", "lost", "refused", "duplicate"):
+        send_fence_event(task, WORKER_RUN, kind, key="k", token=3)
+    assert sent == []
+
+
+def test_an_eager_run_sends_nothing() -> None:
+    task, sent = _task(True)
+    send_fence_event(task, SimpleNamespace(id="t1", hostname=None, is_eager=True), "lost", key="k", token=1)
+    assert sent == []
