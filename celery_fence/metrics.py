@@ -16,8 +16,8 @@ it before the worker starts (prometheus_client's rule: old files would be summed
 
 The takeover latency is how long, by the store's clock, the lease taken over had been expired when the new
 run took it: the time the key waited for its next run. It is reported by the acquire itself (no extra round
-trip) on the stores that can tell (memory, Redis); a store that reports takeovers but not that time (etcd)
-counts the takeover without a latency; a store that does not report takeovers counts neither.
+trip) on the stores that can tell (memory, Redis); every store reports the takeover itself, so on etcd and
+the SQL stores a takeover is counted without a latency.
 """
 
 from __future__ import annotations
