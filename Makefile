@@ -49,7 +49,7 @@ soak: venv
 	FENCE_SOAK_RUNS=$(SOAK_RUNS) FENCE_SOAK_BATCH=$(SOAK_BATCH) FENCE_TEST_PG_PRIVATE=1 \
 	FENCE_TEST_BROKER_DB=3 FENCE_TEST_BACKEND_DB=4 FENCE_SOAK_REPORT=$(CURDIR)/.soak.jsonl \
 	$(PYTEST) tests/chaos --timeout=0 $(ARGS)
-	$(PY) -m tests.chaos.report .soak.jsonl docs/reliability.md
+	FENCE_SOAK_BATCH=$(SOAK_BATCH) $(PY) -m tests.chaos.report .soak.jsonl docs/reliability.md
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)

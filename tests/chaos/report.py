@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
+import subprocess
 import sys
 from collections import defaultdict
 from datetime import date
@@ -23,6 +25,9 @@ releases that lease at once (`FencedRequest`): the next run acquires it without 
 """
 
 
+BEGIN, END = "<!-- soak:begin -->", "<!-- soak:end -->"
+
+
 def main(source: str, target: str) -> None:
     rows: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: dict.fromkeys(COLUMNS, 0))
     for line in Path(source).read_text().splitlines():
@@ -31,16 +36,34 @@ def main(source: str, target: str) -> None:
         for column in COLUMNS:
             row[column] += tally[column]
     runs = {row["runs"] for row in rows.values()}
-    lines = [HEADER, f"Run on {date.today()}, {platform.node()} ({platform.machine()}, Python "
-             f"{platform.python_version()}), {min(runs)}-{max(runs)} faulted runs per row.\n",
+    lines = [f"Run on {date.today()} at commit {_commit()}, {platform.node()} ({platform.machine()}, Python "
+             f"{platform.python_version()}), {min(runs)}-{max(runs)} faulted runs per row, "
+             f"{os.environ.get('FENCE_SOAK_BATCH', '10')} at once.\n",
              "| store | fault | " + " | ".join(c.replace("_", " ") for c in COLUMNS) + " |",
              "|---|---|" + "---:|" * len(COLUMNS)]
     for (store, fault), row in sorted(rows.items()):
         lines.append(f"| {store} | {fault} | " + " | ".join(str(row[c]) for c in COLUMNS) + " |")
     totals = {c: sum(row[c] for row in rows.values()) for c in COLUMNS}
     lines.append("| **all** | | " + " | ".join(f"**{totals[c]}**" for c in COLUMNS) + " |")
-    Path(target).write_text("\n".join(lines) + "\n")
+    _write_between_markers(Path(target), "\n".join(lines))
     print("\n".join(lines[-len(rows) - 3 :]))
+
+
+def _write_between_markers(target: Path, table: str) -> None:
+    """Replace what stands between the markers; anything written around them by hand stays."""
+    text = target.read_text() if target.exists() else ""
+    if BEGIN in text and END in text:
+        before, rest = text.split(BEGIN, 1)
+        after = rest.split(END, 1)[1]
+    else:
+        before, after = HEADER + "\n", "\n"
+    target.write_text(f"{before}{BEGIN}\n{table}\n{END}{after}")
+
+
+def _commit() -> str:
+    args = ["git", "rev-parse", "--short", "HEAD"]
+    done = subprocess.run(args, check=False, capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
 
 
 if __name__ == "__main__":
