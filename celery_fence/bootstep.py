@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import click
 from celery import bootsteps
 
-from .config import metrics_port
+from .config import metrics_addr, metrics_port
 from .metrics import FenceMetrics, prepare_multiprocess, serve_metrics
 from .recovery import recover_abandoned
 from .runtime import runtime_for
@@ -109,7 +109,7 @@ class FenceMetricsServer(bootsteps.StartStopStep):  # type: ignore[misc]
         self.port = metrics_port(
             conf.get("fence_metrics_port") if fence_metrics_port is None else fence_metrics_port
         )
-        self.addr = fence_metrics_addr or conf.get("fence_metrics_addr") or "0.0.0.0"
+        self.addr = metrics_addr(fence_metrics_addr or conf.get("fence_metrics_addr")) or "0.0.0.0"
         self.enabled = self.port is not None
         self.server: Any = None
         self.folder: str | None = None

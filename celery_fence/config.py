@@ -40,6 +40,17 @@ def metrics_port(value: Any) -> int | None:
     return value
 
 
+def metrics_addr(value: Any) -> str | None:
+    """``fence_metrics_addr``: ``None`` (all interfaces) or the host address the metrics server binds."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(
+            f"fence_metrics_addr must be a host address such as '127.0.0.1' or None, got {value!r}"
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class FenceConfig:
     store_url: str
@@ -67,6 +78,7 @@ class FenceConfig:
             raise ConfigurationError(f"fence_max_recoveries must be an int >= 0, got {max_recoveries!r}")
         policy = LeasePolicy(get("fence_lease_ttl"), get("fence_renew_interval"))
         metrics_port(conf.get("fence_metrics_port"))  # refused at worker start, not at the first scrape
+        metrics_addr(conf.get("fence_metrics_addr"))
         return cls(
             url, policy, on_busy, bool(get("fence_interrupt")), max_recoveries, bool(get("fence_send_events"))
         )

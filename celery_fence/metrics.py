@@ -55,6 +55,11 @@ class FenceMetrics:
 
     def __init__(self, registry: Any = None) -> None:
         prom = _prometheus()
+        if registry is not None and not callable(getattr(registry, "register", None)):
+            raise ConfigurationError(
+                f"registry must be a prometheus_client CollectorRegistry (e.g. prometheus_client.REGISTRY) "
+                f"or None for a new one, got {registry!r}"
+            )
         self.registry = prom.CollectorRegistry() if registry is None else registry
         self._apps: list[Any] = []
 
@@ -86,6 +91,8 @@ class FenceMetrics:
 
     def connect(self, app: Any) -> FenceMetrics:
         """Count ``app``'s fenced runs (call once per app; idempotent)."""
+        if not hasattr(app, "conf") or not hasattr(app, "tasks"):
+            raise ConfigurationError(f"connect() takes the Celery app whose runs to count, got {app!r}")
         if not any(known is app for known in self._apps):
             self._apps.append(app)
         for signal, receiver in self._receivers():

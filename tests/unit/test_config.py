@@ -129,3 +129,9 @@ def test_task_options_keep_the_other_settings() -> None:
 def test_bad_task_options_are_refused(app_config: FenceConfig, ttl: Any, on_busy: Any) -> None:
     with pytest.raises(ConfigurationError):
         app_config.with_task_options(ttl, on_busy, None)
+
+
+@pytest.mark.parametrize("addr", ["", "  ", 5, ["127.0.0.1"]])
+def test_a_metrics_address_that_is_not_a_host_is_refused(addr: object) -> None:
+    with pytest.raises(ConfigurationError, match="fence_metrics_addr"):
+        FenceConfig.from_conf({"fence_store_url": "memory://", "fence_metrics_addr": addr})

@@ -125,10 +125,12 @@ def test_a_callable_fence_key_on_a_real_celery_task_gets_the_arguments_not_the_t
 
     app = Celery("keys", set_as_current=False)
 
-    @app.task(base=FencedTask, bind=True, fence_key=lambda order_id, **_: f"order:{order_id}")
+    @app.task(base=FencedTask, bind=True, shared=False, fence_key=lambda order_id, **_: f"order:{order_id}")
     def ship(self: Any, order_id: int, express: bool = False) -> None: ...
 
-    @app.task(base=FencedTask, bind=True, fence_key=staticmethod(lambda order_id: f"o:{order_id}"))
+    @app.task(
+        base=FencedTask, bind=True, shared=False, fence_key=staticmethod(lambda order_id: f"o:{order_id}")
+    )
     def pack(self: Any, order_id: int) -> None: ...
 
     for proxy, expected in ((ship, "order:7"), (pack, "o:7")):

@@ -46,7 +46,7 @@ def value(metrics: FenceMetrics, name: str, **labels: str) -> float:
 
 
 def fenced(app: Celery) -> Any:
-    @app.task(base=FencedTask, bind=True, name="unit.charge", fence_key="order:{order}")
+    @app.task(base=FencedTask, bind=True, name="unit.charge", fence_key="order:{order}", shared=False)
     def charge(self: Any, order: int) -> int:
         return order
 
@@ -132,3 +132,14 @@ def test_without_prometheus_client_the_error_names_the_extra(monkeypatch: pytest
 def test_a_bad_metrics_port_is_refused_naming_the_setting(port: Any) -> None:
     with pytest.raises(ConfigurationError, match="fence_metrics_port must be a TCP port"):
         FenceConfig.from_conf({"fence_metrics_port": port})
+
+
+@pytest.mark.parametrize("registry", ["REGISTRY", 3, object()])
+def test_a_registry_that_is_not_one_is_refused_naming_the_fix(registry: object) -> None:
+    with pytest.raises(ConfigurationError, match="CollectorRegistry"):
+        FenceMetrics(registry=registry)
+
+
+def test_connect_refuses_what_is_not_a_celery_app() -> None:
+    with pytest.raises(ConfigurationError, match="Celery app"):
+        FenceMetrics().connect("shop")
