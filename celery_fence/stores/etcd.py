@@ -249,9 +249,9 @@ class EtcdStore:
         return self._epochs.mod != epochs.mod
 
     def _stale(self, lease: Lease, what: str, failed: TxnResult) -> None:
-        state = failed.first(1)
         self._log([self._event(lease, "refused", what)])
-        current = None if state is None else self._epochs.token(state.mod)
+        current = records.current_token(self._epochs, lock=failed.first(2), state=failed.first(1))
+        current = None if current == lease.token else current  # it only expired: nobody holds the key
         raise StaleToken(lease.key, lease.token, current, what, recorded=True)
 
     def _holds(self, lock: KV | None, lease: Lease) -> bool:

@@ -32,9 +32,17 @@ from .validation import check_age
 if TYPE_CHECKING:
     from .etcd import EtcdStore
 
-__all__ = ["abandoned", "history", "prune", "recover", "states"]
+__all__ = ["abandoned", "current_token", "history", "prune", "recover", "states"]
 
 KINDS = ("state", "lock", "held", "done", "dead", "recovery")  # per-key records, in read order
+
+
+def current_token(epochs: etcd.Epochs, lock: KV | None, state: KV | None) -> int | None:
+    """The key's current token: its live lock's, else the state's last put (an acquire, or an admin release
+    that bumped it). A lease that only expired leaves the state at its own token: etcd deleted the lock."""
+    if lock is not None:
+        return epochs.token(lock.create)
+    return None if state is None else epochs.token(state.mod)
 
 
 def states(store: EtcdStore, ranges: list[Op]) -> list[LeaseState]:

@@ -137,9 +137,14 @@ def test_expired_lease_is_gone_on_etcd(estore: EtcdStore) -> None:
     state = estore.get("k")
     assert state is not None and (state.token, state.expires_in, state.done) == (lease.token, 0.0, False)
     assert estore.renew([lease], TTL) == [lease]
-    with pytest.raises(StaleToken):
+    with pytest.raises(StaleToken) as info:
         estore.complete(lease, 1)
-    assert estore.acquire("k", "b", TTL).token > lease.token
+    assert info.value.current is None  # nobody holds it: not "stale, current: <its own token>"
+    newer = estore.acquire("k", "b", TTL)
+    assert newer.token > lease.token
+    with pytest.raises(StaleToken) as info:
+        estore.save_step(lease, "s", 1)
+    assert info.value.current == newer.token
 
 
 @pytest.mark.parametrize(("ttl", "seconds"), [(0.5, 2), (1, 2), (2, 2), (2.1, 3), (30.0, 30)])
