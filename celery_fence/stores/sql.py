@@ -21,7 +21,13 @@ from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
 from ..failpoints import failpoint
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from .sql_driver import DriverStatements
-from .sql_engine import SessionLimits, create_store_engine, translate_errors
+from .sql_engine import (
+    SessionLimits,
+    begin_on_a_live_connection,
+    create_store_engine,
+    lost_connection_is_unavailable,
+    translate_errors,
+)
 from .sql_queries import queries_for
 from .sql_schema import SCHEMA_VERSION, migrate
 from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
@@ -127,24 +133,23 @@ class SQLStore:
     def transaction(self, lease: Lease, step: str | None = None) -> Iterator[Connection]:
         """A transaction in which the lease row is checked and locked until commit (see the protocol).
 
-        The caller's own statements run outside the error translation: their errors are theirs.
+        The caller's own statements run outside the error translation: their errors are theirs, except a lost
+        connection, which is the store's outage (``StoreUnavailable``; nothing was committed).
         """
         check_lease(lease)
         self._ready()
         with translate_errors(self.url):
-            conn = self.engine.connect()
-            tx = conn.begin()
-            try:
-                current = self._guard(conn, lease, "step" if step else "write", step)
-            except BaseException:
-                conn.close()
-                raise
+            what = "step" if step else "write"
+            conn, tx, current = begin_on_a_live_connection(
+                self.engine, lambda conn: self._guard(conn, lease, what, step)
+            )
         if not current:
             conn.close()
             self._refuse_now(lease, f"step {step}" if step else "write")
         failpoint("after-guard")
         try:
-            yield conn
+            with lost_connection_is_unavailable(self.url):
+                yield conn
             with translate_errors(self.url):
                 tx.commit()
         finally:
@@ -154,10 +159,14 @@ class SQLStore:
         check_lease(lease)
         check_step_name(name)
         params = {"key": lease.key, "name": name, "token": lease.token, "value": codec.dumps(value)}
-        with self._tx() as conn:
-            current = self._guard(conn, lease, "step", name)
-            if current:
-                conn.execute(self.q.insert_step, params)
+        self._ready()
+        with translate_errors(self.url):
+            guard = lambda conn: self._guard(conn, lease, "step", name)  # noqa: E731
+            conn, tx, current = begin_on_a_live_connection(self.engine, guard)
+            with conn:  # closed, so rolled back, unless committed
+                if current:
+                    conn.execute(self.q.insert_step, params)
+                    tx.commit()
         if not current:
             self._refuse_now(lease, f"step {name}")
 

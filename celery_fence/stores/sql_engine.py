@@ -13,12 +13,12 @@ with ``BEGIN IMMEDIATE`` (a deferred transaction that reads then writes fails wi
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import (
     ArgumentError,
@@ -30,7 +30,16 @@ from sqlalchemy.exc import (
 
 from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable, TokenRewound
 
-__all__ = ["SessionLimits", "create_store_engine", "translate_errors"]
+__all__ = [
+    "SessionLimits",
+    "begin_on_a_live_connection",
+    "create_store_engine",
+    "lost_connection_is_unavailable",
+    "translate_errors",
+]
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,39 @@ def translate_errors(url: str) -> Iterator[None]:
         raise _translate_dbapi(url, exc) from exc
     except SQLAlchemyError as exc:
         raise StoreUnavailable(f"fence store {_safe(url)} failed: {exc}") from exc
+
+
+def begin_on_a_live_connection(engine: Engine, first: Callable[[Connection], T]) -> tuple[Connection, Any, T]:
+    """Connect, begin, and run ``first``, the transaction's first statement. A pooled connection that the
+    server ended while it sat idle fails there, before anything of the caller's ran: replace it once
+    (SQLAlchemy has invalidated the whole pool by then). Returns the open connection and transaction."""
+    for attempt in range(2):
+        conn = engine.connect()
+        try:
+            tx = conn.begin()
+            return conn, tx, first(conn)
+        except DBAPIError as exc:
+            conn.close()
+            if attempt or not exc.connection_invalidated:
+                raise
+        except BaseException:
+            conn.close()
+            raise
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def lost_connection_is_unavailable(url: str) -> Iterator[None]:
+    """Around the caller's own statements in a fenced transaction: their errors stay theirs, but a lost
+    connection is the store's outage (nothing was committed), so the run may simply run again."""
+    try:
+        yield
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        raise StoreUnavailable(
+            f"fence store {_safe(url)} lost its connection: {str(exc.orig).splitlines()[0]}"
+        ) from exc
 
 
 def _translate_dbapi(url: str, exc: DBAPIError) -> FenceError:

@@ -299,3 +299,54 @@ def test_an_unreachable_server_is_store_unavailable() -> None:
     with pytest.raises(StoreUnavailable, match=r"127\.0\.0\.1:1"):
         store.acquire("k", "a", TTL)
     store.close()
+
+
+@pytest.fixture
+def pg(request: pytest.FixtureRequest) -> Iterator[SQLStore]:
+    yield from HARNESSES["postgresql"].open(request)
+
+
+@pytest.fixture
+def pg_effects(pg: SQLStore) -> str:
+    with pg.engine.begin() as conn:
+        conn.execute(
+            text("CREATE TABLE fence_test_effects (key VARCHAR(100), token BIGINT, who VARCHAR(20))")
+        )
+    return "fence_test_effects"
+
+
+def _end_session(store: SQLStore, pid: int | None = None) -> None:
+    """pg_terminate_backend of one of ``store``'s sessions (by default: its idle pooled one)."""
+    if pid is None:
+        with store.engine.connect() as conn:  # checked out and back: the pool's idle connection
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+    admin = SQLStore(store.url.split("?")[0])
+    with admin.engine.begin() as conn:
+        assert conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
+    admin.close()
+
+
+def test_a_fenced_transaction_replaces_a_pooled_connection_the_server_ended(
+    pg: SQLStore, pg_effects: str
+) -> None:
+    lease = pg.acquire("k", "a", TTL)
+    _end_session(pg)
+    with pg.transaction(lease) as conn:
+        conn.execute(text(f"INSERT INTO {pg_effects} VALUES ('k', :t, 'a')"), {"t": lease.token})
+    _end_session(pg)
+    pg.save_step(lease, "s", 1)
+    with pg.engine.connect() as conn:
+        assert conn.execute(text(f"SELECT token FROM {pg_effects}")).scalars().all() == [lease.token]
+    assert pg.steps("k") == {"s": 1}
+
+
+def test_a_connection_lost_in_the_callers_statements_is_the_store_unavailable(
+    pg: SQLStore, pg_effects: str
+) -> None:
+    lease = pg.acquire("k", "a", TTL)
+    with pytest.raises(StoreUnavailable, match="lost its connection"), pg.transaction(lease) as conn:
+        conn.execute(text(f"INSERT INTO {pg_effects} VALUES ('k', :t, 'a')"), {"t": lease.token})
+        _end_session(pg, conn.execute(text("SELECT pg_backend_pid()")).scalar())
+        conn.execute(text("SELECT 1"))
+    with pg.engine.connect() as conn:
+        assert conn.execute(text(f"SELECT count(*) FROM {pg_effects}")).scalar() == 0  # nothing committed
