@@ -47,6 +47,7 @@ def settle_and_check(
     engines = {id(e): e for e in (effects_engine(cluster.store, cluster.user_db), cluster.user_db)}
     rows: Counter[str] = Counter()
     for engine in engines.values():
+        engine.dispose()  # this test's own pooled connections: the fault may have ended them
         with engine.connect() as conn:
             rows.update(r.key for r in conn.execute(text("SELECT key FROM fence_it_ledger")))
     history = cluster.store.history()

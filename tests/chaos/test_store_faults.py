@@ -91,7 +91,6 @@ def test_connections_killed_during_renew_and_completion(
         block.unlink()
         wait_for(lambda ids=ids: all(done(cluster, i) for i in ids), 90, "the runs to finish")
         keys += ids
-    cluster.user_db.dispose()
     settle_and_check(cluster, store, "store connections killed", keys)
 
 
