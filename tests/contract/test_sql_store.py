@@ -36,14 +36,18 @@ def sql(request: pytest.FixtureRequest) -> Iterator[SQLStore]:
     yield from HARNESSES[request.param].open(request)
 
 
-@pytest.fixture
-def effects(sql: SQLStore) -> str:
+def _effects_table(store: SQLStore) -> str:
     """A user table in the store's database, written only through fenced transactions."""
-    with sql.engine.begin() as conn:
+    with store.engine.begin() as conn:
         conn.execute(
             text("CREATE TABLE fence_test_effects (key VARCHAR(100), token BIGINT, who VARCHAR(20))")
         )
     return "fence_test_effects"
+
+
+@pytest.fixture
+def effects(sql: SQLStore) -> str:
+    return _effects_table(sql)
 
 
 def _expire(store: SQLStore) -> None:
@@ -308,11 +312,7 @@ def pg(request: pytest.FixtureRequest) -> Iterator[SQLStore]:
 
 @pytest.fixture
 def pg_effects(pg: SQLStore) -> str:
-    with pg.engine.begin() as conn:
-        conn.execute(
-            text("CREATE TABLE fence_test_effects (key VARCHAR(100), token BIGINT, who VARCHAR(20))")
-        )
-    return "fence_test_effects"
+    return _effects_table(pg)
 
 
 def _end_session(store: SQLStore, pid: int | None = None) -> None:
