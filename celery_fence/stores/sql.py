@@ -23,7 +23,6 @@ from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, va
 from .sql_driver import DriverStatements
 from .sql_engine import (
     SessionLimits,
-    begin_on_a_live_connection,
     create_store_engine,
     lost_connection_is_unavailable,
     translate_errors,
@@ -139,10 +138,13 @@ class SQLStore:
         check_lease(lease)
         self._ready()
         with translate_errors(self.url):
-            what = "step" if step else "write"
-            conn, tx, current = begin_on_a_live_connection(
-                self.engine, lambda conn: self._guard(conn, lease, what, step)
-            )
+            conn = self.engine.connect()
+            try:
+                tx = conn.begin()
+                current = self._guard(conn, lease, "step" if step else "write", step)
+            except BaseException:
+                conn.close()
+                raise
         if not current:
             conn.close()
             self._refuse_now(lease, f"step {step}" if step else "write")
@@ -160,13 +162,10 @@ class SQLStore:
         check_step_name(name)
         params = {"key": lease.key, "name": name, "token": lease.token, "value": codec.dumps(value)}
         self._ready()
-        with translate_errors(self.url):
-            guard = lambda conn: self._guard(conn, lease, "step", name)  # noqa: E731
-            conn, tx, current = begin_on_a_live_connection(self.engine, guard)
-            with conn:  # closed, so rolled back, unless committed
-                if current:
-                    conn.execute(self.q.insert_step, params)
-                    tx.commit()
+        with translate_errors(self.url), self.engine.begin() as conn:
+            current = self._guard(conn, lease, "step", name)
+            if current:
+                conn.execute(self.q.insert_step, params)
         if not current:
             self._refuse_now(lease, f"step {name}")
 

@@ -6,24 +6,28 @@ when a connection goes back to the pool: with no transaction there is nothing to
 
 PostgreSQL sessions carry timeouts so that a paused holder cannot block a takeover for ever
 (``idle_in_transaction_session_timeout``, ``lock_timeout``, ``statement_timeout``) and a dead link fails fast
-(``tcp_user_timeout``, keepalives). SQLite runs in WAL mode with ``busy_timeout`` and opens its transactions
-with ``BEGIN IMMEDIATE`` (a deferred transaction that reads then writes fails with "database is locked").
+(``tcp_user_timeout``, keepalives), and a pooled connection that the server ended while it sat idle is
+replaced before a statement is sent on it (``_drop_if_ended``). SQLite runs in WAL mode with
+``busy_timeout`` and opens its transactions with ``BEGIN IMMEDIATE`` (a deferred transaction that reads
+then writes fails with "database is locked").
 """
 
 from __future__ import annotations
 
+import select
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
     IntegrityError,
+    InvalidatePoolError,
     NoSuchModuleError,
     SQLAlchemyError,
 )
@@ -32,14 +36,10 @@ from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnava
 
 __all__ = [
     "SessionLimits",
-    "begin_on_a_live_connection",
     "create_store_engine",
     "lost_connection_is_unavailable",
     "translate_errors",
 ]
-
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -96,9 +96,28 @@ def _postgres_engine(url: Any, limits: SessionLimits, autocommit: bool) -> Engin
     }
     # The single statements are the hot path (a run's thread and the renewer); transactions are rarer.
     pool_size = 2 if autocommit else 1
-    return create_engine(
+    engine = create_engine(
         url, connect_args=connect_args, pool_size=pool_size, max_overflow=8, **_pool_options(autocommit)
     )
+    event.listen(engine, "checkout", _drop_if_ended)
+    return engine
+
+
+def _drop_if_ended(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+    """On checkout: a connection that the server ended while it sat in the pool (pg_terminate_backend, a
+    restart, an idle timeout, a proxy that closed) already has the server's goodbye, or EOF, waiting on its
+    socket, and an idle autocommit connection has nothing else to read. Replace it, and every connection
+    pooled before it (they were most likely ended together), before a statement is sent on it: a statement
+    that fails there could not be told apart from one that ran and lost its reply. One poll of the socket,
+    no round trip (``pool_pre_ping`` would cost a ``SELECT 1`` per checkout)."""
+    try:
+        fd = dbapi_conn.fileno()
+    except Exception as exc:  # the driver already knows it is closed
+        raise InvalidatePoolError(f"pooled connection closed: {exc}") from exc
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    if poller.poll(0):
+        raise InvalidatePoolError("the server ended a pooled connection while it was idle")
 
 
 def _sqlite_engine(url: Any, limits: SessionLimits, autocommit: bool) -> Engine:
@@ -152,25 +171,6 @@ def translate_errors(url: str) -> Iterator[None]:
         raise _translate_dbapi(url, exc) from exc
     except SQLAlchemyError as exc:
         raise StoreUnavailable(f"fence store {_safe(url)} failed: {exc}") from exc
-
-
-def begin_on_a_live_connection(engine: Engine, first: Callable[[Connection], T]) -> tuple[Connection, Any, T]:
-    """Connect, begin, and run ``first``, the transaction's first statement. A pooled connection that the
-    server ended while it sat idle fails there, before anything of the caller's ran: replace it once
-    (SQLAlchemy has invalidated the whole pool by then). Returns the open connection and transaction."""
-    for attempt in range(2):
-        conn = engine.connect()
-        try:
-            tx = conn.begin()
-            return conn, tx, first(conn)
-        except DBAPIError as exc:
-            conn.close()
-            if attempt or not exc.connection_invalidated:
-                raise
-        except BaseException:
-            conn.close()
-            raise
-    raise AssertionError("unreachable")
 
 
 @contextmanager

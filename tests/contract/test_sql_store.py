@@ -9,6 +9,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import pytest
@@ -326,6 +327,24 @@ def _end_session(store: SQLStore, pid: int | None = None) -> None:
     admin.close()
 
 
+def _end_every_session(store: SQLStore) -> None:
+    """pg_terminate_backend of every session ``store``'s two pools hold, as a store restart or an
+    operator would: they sit idle in the pools, and the next checkout finds them ended."""
+    pids = set()
+    for engine in (store.engine, store.autocommit_engine):
+        with ExitStack() as held:  # as many as the pool keeps, checked out at once and back
+            conns = [held.enter_context(engine.connect()) for _ in range(engine.pool.size())]  # type: ignore[attr-defined]
+            pids |= {c.execute(text("SELECT pg_backend_pid()")).scalar() for c in conns}
+    admin = SQLStore(store.url.split("?")[0])
+    with admin.engine.begin() as conn:
+        ended = conn.execute(
+            text("SELECT count(*) FROM unnest(CAST(:p AS int[])) AS pid WHERE pg_terminate_backend(pid)"),
+            {"p": sorted(pids)},
+        ).scalar()
+    admin.close()
+    assert ended == len(pids)
+
+
 def test_a_fenced_transaction_replaces_a_pooled_connection_the_server_ended(
     pg: SQLStore, pg_effects: str
 ) -> None:
@@ -338,6 +357,37 @@ def test_a_fenced_transaction_replaces_a_pooled_connection_the_server_ended(
     with pg.engine.connect() as conn:
         assert conn.execute(text(f"SELECT token FROM {pg_effects}")).scalars().all() == [lease.token]
     assert pg.steps("k") == {"s": 1}
+
+
+OPERATIONS: dict[str, Any] = {
+    "acquire": lambda pg, lease: pg.acquire("other", "b", TTL),
+    "renew": lambda pg, lease: pg.renew([lease], TTL),
+    "complete": lambda pg, lease: pg.complete(lease, "done"),
+    "release": lambda pg, lease: pg.release(lease),
+    "save_step": lambda pg, lease: pg.save_step(lease, "s", 1),
+    "steps": lambda pg, lease: pg.steps("k"),
+    "get": lambda pg, lease: pg.get("k"),
+    "history": lambda pg, lease: pg.history("k"),
+    "leases": lambda pg, lease: pg.leases(),
+    "abandoned": lambda pg, lease: pg.abandoned(0.0),
+}
+
+
+@pytest.mark.parametrize("operation", sorted(OPERATIONS))
+def test_every_operation_replaces_the_pooled_connections_the_server_ended(
+    pg: SQLStore, operation: str
+) -> None:
+    """Ended while idle in the pool, a connection is found out on checkout, before a statement is sent on
+    it: the operation runs once, on a fresh connection, instead of failing as StoreUnavailable (a
+    statement that failed in flight could not be told apart from one that ran and lost its reply)."""
+    lease = pg.acquire("k", "a", TTL)
+    _end_every_session(pg)
+    OPERATIONS[operation](pg, lease)
+    assert [e.event for e in pg.history("k")][-1] == {
+        "complete": "complete",
+        "release": "release",
+        "save_step": "step",
+    }.get(operation, "acquire")
 
 
 def test_a_connection_lost_in_the_callers_statements_is_the_store_unavailable(
