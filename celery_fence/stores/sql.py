@@ -249,6 +249,7 @@ class SQLStore:
         return 0 if row.dead is not None else int(row.recoveries)
 
     def close(self) -> None:
+        self._driver.close()
         self.engine.dispose()
         self.autocommit_engine.dispose()
 

@@ -1,23 +1,27 @@
 """The SQL store's hot statements (acquire, complete, renew, release) on the pooled connection's own cursor.
 
 Around a one-round-trip statement, SQLAlchemy's ``Connection`` costs more client CPU than the statement
-itself (docs/performance.md). These four are compiled once per store, to the driver's own parameter style
-(psycopg: ``%(name)s``, sqlite3: ``?`` in ``positiontup`` order), and sent on the DBAPI cursor of a
-connection checked out of the autocommit engine's pool. The pool still owns the connections: it hands them
-out, takes them back and drops one that the driver says is broken. A driver error is re-raised as the
-``DBAPIError`` SQLAlchemy itself would raise, so ``translate_errors`` maps it like any other.
+itself, and so does a pool checkout and return (docs/performance.md). These four are compiled once per
+store, to the driver's own parameter style (psycopg: ``%(name)s``, sqlite3: ``?`` in ``positiontup``
+order), and sent on the DBAPI cursor of one connection that the store keeps checked out of the autocommit
+engine's pool for them; a thread that finds it in use (a renew while a run completes) takes another from
+the pool for that statement. The held connection is checked like a pooled one before each use (the server
+may have ended it while idle) and dropped when the driver says it is broken. A driver error is re-raised as
+the ``DBAPIError`` SQLAlchemy itself would raise, so ``translate_errors`` maps it like any other.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, TextClause
-from sqlalchemy.engine.interfaces import Dialect
+from sqlalchemy import Engine, PoolProxiedConnection, TextClause
+from sqlalchemy.engine.interfaces import DBAPICursor, Dialect
 from sqlalchemy.exc import DBAPIError, StatementError
 
+from .sql_engine import ended_while_idle
 from .sql_queries import Queries
 
 __all__ = ["HOT", "DriverStatements"]
@@ -43,30 +47,60 @@ class DriverStatements:
     def __init__(self, engine: Engine, queries: Queries) -> None:
         self.engine = engine
         self._compiled = {name: _compile(getattr(queries, name), engine.dialect) for name in HOT}
+        self._held: tuple[PoolProxiedConnection, DBAPICursor] | None = None
+        self._held_lock = threading.Lock()
 
     def rows(self, name: str, params: Mapping[str, Any]) -> Sequence[Any]:
         """Run statement ``name`` and return its rows (tuples)."""
         compiled = self._compiled[name]
         args = params if compiled.order is None else tuple(params[n] for n in compiled.order)
-        conn = self.engine.raw_connection()
+        if self._held_lock.acquire(blocking=False):
+            try:
+                conn, cursor = self._held_connection()
+                return self._execute(conn, cursor, compiled.sql, args)
+            finally:
+                self._held_lock.release()
+        conn = self.engine.raw_connection()  # the held one is busy in another thread
         try:
             cursor = conn.cursor()
             try:
-                cursor.execute(compiled.sql, args)
-                return list(cursor.fetchall())
+                return self._execute(conn, cursor, compiled.sql, args)
             finally:
                 cursor.close()
-        except Exception as exc:  # anything the driver raised: SQLAlchemy's own wrapping decides the type
-            raise self._wrapped(conn, exc, compiled.sql, args) from exc
         finally:
             conn.close()  # back to the pool (autocommit: nothing to reset)
 
-    def _wrapped(self, conn: Any, exc: Exception, sql: str, args: Any) -> StatementError:
+    def close(self) -> None:
+        """Give the held connection back to the pool (before the engine is disposed)."""
+        with self._held_lock:
+            if self._held is not None:
+                self._held[0].close()
+                self._held = None
+
+    def _held_connection(self) -> tuple[PoolProxiedConnection, DBAPICursor]:
+        """The held connection and its cursor (one cursor serves every statement: it costs to create)."""
+        held = self._held
+        if held is not None and (not held[0].is_valid or ended_while_idle(held[0].dbapi_connection)):
+            if held[0].is_valid:
+                held[0].invalidate()
+            held[0].close()
+            held = None
+        if held is None:
+            conn = self.engine.raw_connection()
+            held = self._held = (conn, conn.cursor())
+        return held
+
+    def _execute(self, conn: PoolProxiedConnection, cursor: DBAPICursor, sql: str, args: Any) -> list[Any]:
+        try:
+            cursor.execute(sql, args)
+            return list(cursor.fetchall())
+        except Exception as exc:  # anything the driver raised: SQLAlchemy's own wrapping decides the type
+            raise self._wrapped(conn, exc, sql, args) from exc
+
+    def _wrapped(self, conn: PoolProxiedConnection, exc: Exception, sql: str, args: Any) -> StatementError:
         dialect = self.engine.dialect
         dbapi_error = dialect.loaded_dbapi.Error
         lost = isinstance(exc, dbapi_error) and dialect.is_disconnect(exc, conn.dbapi_connection, None)
         if lost:
             conn.invalidate(exc)  # the pool must not hand this connection out again
-        return DBAPIError.instance(
-            sql, args, exc, dbapi_error, connection_invalidated=lost, dialect=dialect
-        )
+        return DBAPIError.instance(sql, args, exc, dbapi_error, connection_invalidated=lost, dialect=dialect)

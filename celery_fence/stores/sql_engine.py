@@ -37,6 +37,7 @@ from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnava
 __all__ = [
     "SessionLimits",
     "create_store_engine",
+    "ended_while_idle",
     "lost_connection_is_unavailable",
     "translate_errors",
 ]
@@ -103,20 +104,28 @@ def _postgres_engine(url: Any, limits: SessionLimits, autocommit: bool) -> Engin
     return engine
 
 
-def _drop_if_ended(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
-    """On checkout: a connection that the server ended while it sat in the pool (pg_terminate_backend, a
-    restart, an idle timeout, a proxy that closed) already has the server's goodbye, or EOF, waiting on its
-    socket, and an idle autocommit connection has nothing else to read. Replace it, and every connection
-    pooled before it (they were most likely ended together), before a statement is sent on it: a statement
-    that fails there could not be told apart from one that ran and lost its reply. One poll of the socket,
-    no round trip (``pool_pre_ping`` would cost a ``SELECT 1`` per checkout)."""
+def ended_while_idle(dbapi_conn: Any) -> bool:
+    """Whether the server ended this idle connection (pg_terminate_backend, a restart, an idle timeout, a
+    proxy that closed): its goodbye, or EOF, is then waiting on the socket, and an idle autocommit
+    connection has nothing else to read. One poll of the socket, no round trip (``pool_pre_ping`` would
+    cost a ``SELECT 1``). A connection without a socket (SQLite) has no server to end it."""
+    fileno = getattr(dbapi_conn, "fileno", None)
+    if fileno is None:
+        return False
     try:
-        fd = dbapi_conn.fileno()
-    except Exception as exc:  # the driver already knows it is closed
-        raise InvalidatePoolError(f"pooled connection closed: {exc}") from exc
+        fd = fileno()
+    except Exception:  # the driver already knows it is closed
+        return True
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    if poller.poll(0):
+    return bool(poller.poll(0))
+
+
+def _drop_if_ended(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+    """On checkout, replace a connection that the server ended while it sat in the pool, and every
+    connection pooled before it (they were most likely ended together), before a statement is sent on it:
+    a statement that failed there could not be told apart from one that ran and lost its reply."""
+    if ended_while_idle(dbapi_conn):
         raise InvalidatePoolError("the server ended a pooled connection while it was idle")
 
 

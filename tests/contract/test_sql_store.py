@@ -9,7 +9,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import pytest
@@ -328,21 +327,22 @@ def _end_session(store: SQLStore, pid: int | None = None) -> None:
 
 
 def _end_every_session(store: SQLStore) -> None:
-    """pg_terminate_backend of every session ``store``'s two pools hold, as a store restart or an
-    operator would: they sit idle in the pools, and the next checkout finds them ended."""
-    pids = set()
-    for engine in (store.engine, store.autocommit_engine):
-        with ExitStack() as held:  # as many as the pool keeps, checked out at once and back
-            conns = [held.enter_context(engine.connect()) for _ in range(engine.pool.size())]  # type: ignore[attr-defined]
-            pids |= {c.execute(text("SELECT pg_backend_pid()")).scalar() for c in conns}
+    """pg_terminate_backend of every celery-fence session on the store's database, as a store restart or an
+    operator would: the store's pooled connections and the one it holds for its hot statements, all idle."""
+    store.renew([store.acquire("warm", "w", TTL)], TTL)  # so that the held connection exists
+    with store.engine.connect(), store.autocommit_engine.connect():  # and a pooled one of each engine
+        pass
+    others = (
+        "FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'celery-fence'"
+        " AND pid <> pg_backend_pid()"
+    )
     admin = SQLStore(store.url.split("?")[0])
-    with admin.engine.begin() as conn:
-        ended = conn.execute(
-            text("SELECT count(*) FROM unnest(CAST(:p AS int[])) AS pid WHERE pg_terminate_backend(pid)"),
-            {"p": sorted(pids)},
-        ).scalar()
+    with admin.autocommit_engine.connect() as conn:
+        assert conn.execute(text(f"SELECT count(pg_terminate_backend(pid)) {others}")).scalar() >= 3
+        deadline = time.monotonic() + 10  # until they have exited (and so said goodbye on their sockets)
+        while conn.execute(text(f"SELECT count(*) {others}")).scalar() and time.monotonic() < deadline:
+            time.sleep(0.01)
     admin.close()
-    assert ended == len(pids)
 
 
 def test_a_fenced_transaction_replaces_a_pooled_connection_the_server_ended(
