@@ -22,6 +22,7 @@ import functools
 import importlib.resources
 import json
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -36,6 +37,7 @@ from redis.retry import Retry
 
 from .. import codec, errors
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from .liveness import idle_socket_is_readable
 from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
 
 __all__ = ["RedisStore"]
@@ -67,6 +69,8 @@ class RedisStore:
             raise errors.ConfigurationError(f"a key prefix is a str, not empty, no '{{': {prefix!r}")
         self._timeout = timeout
         self._client: redis.Redis | None = None
+        self._held: redis.Redis | None = None  # one connection of the client's pool, kept for scripts
+        self._held_lock = threading.Lock()
         self._scripts: dict[str, Script] = {}
         self._pid = 0
         self._all, self._counter, self._high, self._live, self._index, self._done = (
@@ -187,10 +191,12 @@ class RedisStore:
         return None if attempt is None else int(attempt)
 
     def close(self) -> None:
-        client, self._client, self._scripts = self._client, None, {}
-        if client is not None and self._pid == os.getpid():  # after a fork: the parent's, leave it
+        clients, self._client, self._held, self._scripts = (self._held, self._client), None, None, {}
+        if self._pid == os.getpid():  # after a fork: the parent's, leave them
             with _translated(self.url):
-                client.close()
+                for client in clients:
+                    if client is not None:
+                        client.close()
 
     def _k(self, kind: str, key: str) -> str:  # the {key} hash tag keeps a key's data in one slot
         return f"{self.prefix}{kind}:{{{key}}}"
@@ -205,13 +211,32 @@ class RedisStore:
             if self._client is None or self._pid != os.getpid():
                 timeouts = {"socket_timeout": self._timeout, "socket_connect_timeout": self._timeout}
                 self._client = redis.Redis.from_url(self._target, **timeouts, **_OPTIONS)
+                self._held, self._held_lock = None, threading.Lock()  # a fork may inherit it held
                 self._scripts, self._pid = {}, os.getpid()
             yield self._client
 
     def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        with self._io() as client:  # no lock (a fork could inherit it held); a race registers twice
+        """Run script ``name`` on the held connection (a pool checkout and return cost more client CPU than
+        the call), or on a pooled one when another thread is using it (a renew while a run completes)."""
+        with self._io() as client:  # a race registers a script twice, harmlessly
             script = self._scripts[name] = self._scripts.get(name) or client.register_script(_source(name))
-            return script(keys=keys, args=args, client=client)
+            if not self._held_lock.acquire(blocking=False):
+                return script(keys=keys, args=args, client=client)
+            try:
+                return script(keys=keys, args=args, client=self._held_client(client))
+            finally:
+                self._held_lock.release()
+
+    def _held_client(self, client: redis.Redis) -> redis.Redis:
+        """The held connection, checked as the pool checks one it hands out (but by one poll of its socket,
+        see ``liveness``): one that the server closed is connected again."""
+        if self._held is None:
+            self._held = redis.Redis(connection_pool=client.connection_pool, single_connection_client=True)
+        conn = self._held.connection
+        sock = getattr(conn, "_sock", None)  # None: not connected, the next command connects
+        if conn is not None and sock is not None and idle_socket_is_readable(sock.fileno()):
+            conn.disconnect()  # type: ignore[no-untyped-call]  # the next command connects again
+        return self._held
 
     def _states(self, keys: Sequence[str]) -> list[LeaseState]:
         states = []

@@ -14,7 +14,6 @@ then writes fails with "database is locked").
 
 from __future__ import annotations
 
-import select
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +32,7 @@ from sqlalchemy.exc import (
 )
 
 from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable, TokenRewound
+from .liveness import idle_socket_is_readable
 
 __all__ = [
     "SessionLimits",
@@ -105,20 +105,15 @@ def _postgres_engine(url: Any, limits: SessionLimits, autocommit: bool) -> Engin
 
 
 def ended_while_idle(dbapi_conn: Any) -> bool:
-    """Whether the server ended this idle connection (pg_terminate_backend, a restart, an idle timeout, a
-    proxy that closed): its goodbye, or EOF, is then waiting on the socket, and an idle autocommit
-    connection has nothing else to read. One poll of the socket, no round trip (``pool_pre_ping`` would
-    cost a ``SELECT 1``). A connection without a socket (SQLite) has no server to end it."""
+    """Whether the server ended this idle connection (see ``liveness``). A connection without a socket
+    (SQLite) has no server to end it."""
     fileno = getattr(dbapi_conn, "fileno", None)
     if fileno is None:
         return False
     try:
-        fd = fileno()
+        return idle_socket_is_readable(fileno())
     except Exception:  # the driver already knows it is closed
         return True
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 def _drop_if_ended(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:

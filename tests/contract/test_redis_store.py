@@ -39,6 +39,7 @@ from celery_fence.stores.redis import RedisStore
 
 from .harness import HARNESSES  # first: harness imports harness_redis (a spawned child starts here)
 from .harness_redis import RedisServer, drop_prefix, free_port, shared_server
+from .reconnect import OPERATIONS, run_and_check
 
 TTL = 30.0
 
@@ -110,6 +111,7 @@ def test_each_operation_is_one_round_trip(rstore: RedisStore, sent: list[bytes])
     rstore.complete(rstore.acquire("warm", "w", TTL), 1)
     rstore.release(many[-1])
     rstore.get("k")
+    rstore.history("k")  # the pooled client's own connection (scripts run on the held one): opened
     operations: dict[str, Callable[[], object]] = {
         "acquire": lambda: rstore.acquire("k2", "w", TTL),
         "renew 1": lambda: rstore.renew([lease], TTL),
@@ -237,6 +239,28 @@ def test_empty_restart_is_caught_once_a_holder_comes_back(tmp_path: Path) -> Non
 
 
 # -- bad servers, URLs and arguments --
+
+
+@pytest.mark.parametrize("operation", sorted(OPERATIONS))
+def test_every_operation_reconnects_a_connection_the_server_closed(tmp_path: Path, operation: str) -> None:
+    """CLIENT KILL of the store's idle connections (the one it holds for scripts, the pooled one), on a
+    server of its own: found before a command is sent on them, so the operation runs once, on a new
+    connection, instead of failing as StoreUnavailable."""
+    own = RedisServer(tmp_path).start()
+    try:
+        store = open_store(own.url())
+        assert isinstance(store, RedisStore)
+        lease = store.acquire("k", "a", TTL)
+        store.history("k")  # the pooled connection exists too
+        with own.client() as admin:
+            assert admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes") >= 2
+            deadline = time.monotonic() + 10
+            while len(admin.client_list()) > 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        run_and_check(store, lease, operation)
+        store.close()
+    finally:
+        own.stop()
 
 
 def test_unreachable_server_is_store_unavailable() -> None:

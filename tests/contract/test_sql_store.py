@@ -27,6 +27,7 @@ from celery_fence.stores.sql_engine import SessionLimits
 
 from .harness import HARNESSES
 from .racing import race
+from .reconnect import OPERATIONS, run_and_check
 
 TTL = 30.0
 
@@ -359,20 +360,6 @@ def test_a_fenced_transaction_replaces_a_pooled_connection_the_server_ended(
     assert pg.steps("k") == {"s": 1}
 
 
-OPERATIONS: dict[str, Any] = {
-    "acquire": lambda pg, lease: pg.acquire("other", "b", TTL),
-    "renew": lambda pg, lease: pg.renew([lease], TTL),
-    "complete": lambda pg, lease: pg.complete(lease, "done"),
-    "release": lambda pg, lease: pg.release(lease),
-    "save_step": lambda pg, lease: pg.save_step(lease, "s", 1),
-    "steps": lambda pg, lease: pg.steps("k"),
-    "get": lambda pg, lease: pg.get("k"),
-    "history": lambda pg, lease: pg.history("k"),
-    "leases": lambda pg, lease: pg.leases(),
-    "abandoned": lambda pg, lease: pg.abandoned(0.0),
-}
-
-
 @pytest.mark.parametrize("operation", sorted(OPERATIONS))
 def test_every_operation_replaces_the_pooled_connections_the_server_ended(
     pg: SQLStore, operation: str
@@ -382,12 +369,7 @@ def test_every_operation_replaces_the_pooled_connections_the_server_ended(
     statement that failed in flight could not be told apart from one that ran and lost its reply)."""
     lease = pg.acquire("k", "a", TTL)
     _end_every_session(pg)
-    OPERATIONS[operation](pg, lease)
-    assert [e.event for e in pg.history("k")][-1] == {
-        "complete": "complete",
-        "release": "release",
-        "save_step": "step",
-    }.get(operation, "acquire")
+    run_and_check(pg, lease, operation)
 
 
 def test_a_connection_lost_in_the_callers_statements_is_the_store_unavailable(
