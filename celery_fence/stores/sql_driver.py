@@ -60,7 +60,7 @@ class DriverStatements:
                 return self._execute(conn, cursor, compiled.sql, args)
             finally:
                 self._held_lock.release()
-        conn = self.engine.raw_connection()  # the held one is busy in another thread
+        conn = self._connect()  # the held one is busy in another thread
         try:
             cursor = conn.cursor()
             try:
@@ -86,9 +86,18 @@ class DriverStatements:
             held[0].close()
             held = None
         if held is None:
-            conn = self.engine.raw_connection()
+            conn = self._connect()
             held = self._held = (conn, conn.cursor())
         return held
+
+    def _connect(self) -> PoolProxiedConnection:
+        """A connection from the pool. Unlike ``Engine.connect``, ``raw_connection`` lets the driver's own
+        error out when it cannot connect: wrap it as SQLAlchemy does, for ``translate_errors``."""
+        dialect = self.engine.dialect
+        try:
+            return self.engine.raw_connection()
+        except dialect.loaded_dbapi.Error as exc:
+            raise DBAPIError.instance(None, None, exc, dialect.loaded_dbapi.Error, dialect=dialect) from exc
 
     def _execute(self, conn: PoolProxiedConnection, cursor: DBAPICursor, sql: str, args: Any) -> list[Any]:
         try:
