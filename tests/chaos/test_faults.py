@@ -41,10 +41,10 @@ def _expired(cluster: Cluster, key: str) -> bool:
     return state is None or state.expires_in is None or state.expires_in <= 0
 
 
-def _send(queue: str, count: int, pause: float) -> list[str]:
+def _send(queue: str, count: int, pause: float, hold: bool = False) -> list[str]:
     ids = [str(uuid.uuid4()) for _ in range(count)]
     for task_id in ids:
-        chaos.apply_async((task_id,), {"pause": pause}, task_id=task_id, queue=queue)
+        chaos.apply_async((task_id,), {"pause": pause, "hold": hold}, task_id=task_id, queue=queue)
     return ids
 
 
@@ -94,7 +94,8 @@ def test_paused_past_ttl(cluster: Cluster, request: pytest.FixtureRequest) -> No
     cluster.worker("b", queues=f"{cluster.queue}-b", concurrency=BATCH)
     keys: list[str] = []
     for size in _batches(RUNS):
-        ids = _send(f"{cluster.queue}-a", size, pause=3.0)
+        # Held until released: a batch of 50 can take longer to start than a fixed pause would last.
+        ids = _send(f"{cluster.queue}-a", size, pause=120.0, hold=True)
         pids = _started_pids(cluster, ids)
         for pid in pids:
             _pause(cluster, pid)
@@ -106,6 +107,8 @@ def test_paused_past_ttl(cluster: Cluster, request: pytest.FixtureRequest) -> No
                 chaos.apply_async((task_id,), task_id=task_id, queue=f"{cluster.queue}-b")
             wait_for(lambda ids=ids: all(cluster.store.get(i).done for i in ids), 60, "the takeovers")
         finally:
+            for task_id in ids:
+                (cluster.workdir / f"{task_id}.release").touch()
             for pid in pids:
                 os.kill(pid, signal.SIGCONT)
         refused = lambda ids=ids: all("refused" in [e for e, _ in cluster.events(i)] for i in ids)  # noqa: E731

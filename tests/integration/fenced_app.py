@@ -136,10 +136,16 @@ def _ledger_guarded(key: str, token: int) -> int:
 
 
 @app.task(base=FencedTask, bind=True)
-def chaos(self: Any, item: Any, pause: float = 0.0) -> dict[str, Any]:
+def chaos(self: Any, item: Any, pause: float = 0.0, hold: bool = False) -> dict[str, Any]:
+    """The chaos suite's run. The first run of an id sleeps ``pause`` s; with ``hold``, at most that long,
+    until the test writes ``<id>.release`` (so it is still running when the test stops it, however long
+    the batch took to start). A redelivered copy runs at once."""
     first_run = not any(MARKS.glob(f"{self.request.id}.*.started"))
     mark(self, "started")
-    time.sleep(pause if first_run else 0.0)
+    if first_run:
+        until = time.monotonic() + pause
+        while time.monotonic() < until and not (hold and (MARKS / f"{self.request.id}.release").exists()):
+            time.sleep(min(0.02 if hold else pause, max(0.0, until - time.monotonic())))
     fence = self.fence
     if isinstance(fence.store, FencedConnectionStore):
         written = fence.atomic_step("ledger", _ledger_in_transaction, fence.key, fence.token)
