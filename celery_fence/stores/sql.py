@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -48,6 +49,7 @@ class SQLStore:
         self.q = queries_for(self.dialect)
         self._driver = DriverStatements(self.autocommit_engine, self.q)
         self._schema_ready = False
+        self._pid = os.getpid()
 
     # -- schema --
 
@@ -250,8 +252,9 @@ class SQLStore:
 
     def close(self) -> None:
         self._driver.close()
-        self.engine.dispose()
-        self.autocommit_engine.dispose()
+        here = self._pid == os.getpid()  # in a forked child, the pools also hold the parent's connections
+        self.engine.dispose(close=here)
+        self.autocommit_engine.dispose(close=here)
 
     # -- internals --
 

@@ -14,6 +14,7 @@ then writes fails with "database is locked").
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
+    DisconnectionError,
     IntegrityError,
     InvalidatePoolError,
     NoSuchModuleError,
@@ -62,14 +64,32 @@ def create_store_engine(url: str, limits: SessionLimits, autocommit: bool = Fals
         raise ConfigurationError(f"malformed fence store URL {url!r}: {exc}") from exc
     try:
         if parsed.get_backend_name() == "sqlite":
-            return _sqlite_engine(parsed, limits, autocommit)
+            return _private_to_each_process(_sqlite_engine(parsed, limits, autocommit))
         if parsed.drivername in {"postgresql", "postgres"}:
             parsed = parsed.set(drivername="postgresql+psycopg")
-        return _postgres_engine(parsed, limits, autocommit)
+        return _private_to_each_process(_postgres_engine(parsed, limits, autocommit))
     except (NoSuchModuleError, ImportError) as exc:
         raise ConfigurationError(
             f"cannot load the driver for {url!r} ({exc}): pip install 'celery-fence[postgres]'"
         ) from exc
+
+
+def _private_to_each_process(engine: Engine) -> Engine:
+    """A pooled connection made in another process (a store used across ``fork``) is never handed out:
+    two processes writing on one socket would mix their statements and replies. It is dropped without
+    being closed (closing would end the parent's session) and a new one is made (SQLAlchemy's recipe)."""
+
+    @event.listens_for(engine, "connect")
+    def _remember_pid(_dbapi_conn: Any, record: Any) -> None:
+        record.info["pid"] = os.getpid()
+
+    @event.listens_for(engine, "checkout", insert=True)  # before any check that would touch the socket
+    def _refuse_other_pids(_dbapi_conn: Any, record: Any, proxy: Any) -> None:
+        if record.info.get("pid") != os.getpid():
+            record.dbapi_connection = proxy.dbapi_connection = None
+            raise DisconnectionError("a connection of another process (made before fork)")
+
+    return engine
 
 
 def _pool_options(autocommit: bool) -> dict[str, Any]:

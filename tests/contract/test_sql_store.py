@@ -382,3 +382,35 @@ def test_a_connection_lost_in_the_callers_statements_is_the_store_unavailable(
         conn.execute(text("SELECT 1"))
     with pg.engine.connect() as conn:
         assert conn.execute(text(f"SELECT count(*) FROM {pg_effects}")).scalar() == 0  # nothing committed
+
+
+def _sessions(store: SQLStore) -> set[int]:
+    """The server sessions behind ``store``'s held connection and a pooled one of each engine."""
+    store.renew([store.acquire(f"probe-{os.getpid()}", "p", TTL)], TTL)  # the held connection, in use
+    held = store._driver._held
+    assert held is not None
+    found = {held[0].dbapi_connection.info.backend_pid}  # type: ignore[union-attr]
+    for engine in (store.engine, store.autocommit_engine):
+        with engine.connect() as conn:
+            found.add(conn.execute(text("SELECT pg_backend_pid()")).scalar())
+    return found
+
+
+def _child_sessions(store: SQLStore, out: Any) -> None:
+    out.put(sorted(_sessions(store)))
+    store.close()  # must leave the parent's connections alone
+
+
+def test_a_forked_child_never_talks_on_the_parents_connections(pg: SQLStore) -> None:
+    """A store used across fork: the child opens its own sessions (for the held connection and both
+    pools) instead of writing on the parent's sockets, and closing it there leaves the parent's alone."""
+    parent = _sessions(pg)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_sessions, args=(pg, out))
+    child.start()
+    theirs = set(out.get(timeout=30))
+    child.join(30)
+    assert child.exitcode == 0
+    assert len(theirs) == 3 and not theirs & parent
+    assert _sessions(pg) == parent  # the parent's connections are still there and work
