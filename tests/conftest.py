@@ -19,7 +19,8 @@ PG_SERVER_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 PG_TEST_DATABASE = os.environ.get("FENCE_TEST_PG_DATABASE", "celery_fence_test")
 REDIS_HOST = "127.0.0.1"
 REDIS_PORT = 6379
-REDIS_TEST_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/15"
+# Parallel checkouts (several worktrees testing at once) give each its own databases through these.
+REDIS_TEST_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/{os.environ.get('FENCE_TEST_REDIS_DB', '15')}"
 CONNECT_TIMEOUT = 2
 
 
