@@ -14,6 +14,7 @@ from .errors import (
     StaleToken,
     StoreUnavailable,
     TokenRewound,
+    UsageError,
 )
 from .fence import Fence
 from .lease import HistoryEvent, Lease, LeasePolicy, LeaseState
@@ -40,6 +41,7 @@ __all__ = [
     "Store",
     "StoreUnavailable",
     "TokenRewound",
+    "UsageError",
     "fenced_update",
     "open_store",
 ]

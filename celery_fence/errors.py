@@ -7,6 +7,7 @@ redis-py, HTTP) are translated at one boundary per store and chained with ``rais
     ├── ConfigurationError (ValueError)   wrong setting, unknown URL scheme, missing extra
     ├── InvalidArgument (ValueError)      a bad key, ttl or lease passed to a store
     ├── NotSerializable (TypeError)       a result or step value the codec cannot carry
+    ├── UsageError (RuntimeError)         the fence was used in a way that cannot keep its promise
     ├── StoreUnavailable                  transient: the store did not answer (retry until the deadline)
     ├── TokenRewound                      the store's token counter is behind a token it issued (failover)
     ├── LeaseHeld                         a live lease on the key is held by another run
@@ -30,6 +31,7 @@ __all__ = [
     "StaleToken",
     "StoreUnavailable",
     "TokenRewound",
+    "UsageError",
 ]
 
 
@@ -47,6 +49,11 @@ class InvalidArgument(FenceError, ValueError):
 
 class NotSerializable(FenceError, TypeError):
     """A result or step value cannot be encoded by the store's codec; nothing was written."""
+
+
+class UsageError(FenceError, RuntimeError):
+    """The fence was used in a way that would break exactly-once (e.g. committing ``transaction()`` by
+    hand, or a step after the run's transaction opened); the message names the fix. Not transient."""
 
 
 class StoreUnavailable(FenceError):

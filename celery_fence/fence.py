@@ -7,16 +7,30 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from . import codec
-from .errors import ConfigurationError, LeaseLost
+from .errors import ConfigurationError, LeaseLost, StoreUnavailable, UsageError
 from .lease import Lease
 from .stores.base import FencedConnectionStore, Store
 
-__all__ = ["Fence"]
+__all__ = ["Fence", "Heartbeat"]
 
 T = TypeVar("T")
+
+_STEP_AFTER_TRANSACTION = (
+    "{what}({name!r}) after self.fence.transaction() in the same run: the transaction's writes commit "
+    "with the run's completion, so a step committed now would be kept while they could still be undone; "
+    "run the steps before the first transaction(), or make the writes part of an atomic_step"
+)
+
+
+class Heartbeat(Protocol):
+    """What a run's handle needs of the renewer (``renewer.Renewer``)."""
+
+    def deadline(self, lease: Lease) -> float | None: ...
+    def pin(self, lease: Lease) -> None: ...
+    def unpin(self, lease: Lease) -> None: ...
 
 
 class Fence:
@@ -27,14 +41,16 @@ class Fence:
     """
 
     def __init__(
-        self, store: Store, lease: Lease, deadline: Callable[[], float | None] = lambda: None
+        self, store: Store, lease: Lease, heartbeat: Heartbeat | None = None, ttl: float = 30.0
     ) -> None:
         self.store = store
         self.lease = lease
-        self._deadline = deadline  # the local monotonic deadline, kept by the renewer
+        self._heartbeat = heartbeat  # the renewer: local deadline; pinned while the transaction is open
+        self._ttl = ttl
         self._lost: str | None = None
         self._steps: dict[str, Any] | None = None
         self._lost_event = threading.Event()
+        self._run_tx: Any = None  # the run's open transaction (SQL stores), from its first transaction()
 
     @property
     def key(self) -> str:
@@ -63,7 +79,7 @@ class Fence:
         The deadline is compared here too, so a renew stuck on an unanswering store cannot delay it.
         """
         if self._lost is None:
-            deadline = self._deadline()
+            deadline = None if self._heartbeat is None else self._heartbeat.deadline(self.lease)
             if deadline is not None and time.monotonic() >= deadline:
                 self.mark_lost("no successful renew before the local deadline")
         if self._lost is not None:
@@ -71,14 +87,57 @@ class Fence:
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:
-        """A transaction on the store's database in which the lease row is checked and locked until commit.
-
-        Yields an SQLAlchemy ``Connection``: write your tables with it; the token check and your writes
-        commit together or not at all (``StaleToken``). Needs a SQL store; with Redis or etcd use
-        :func:`celery_fence.fenced_update` on a table with a ``fence_token`` column.
+        """The run's transaction on the store's database: write your tables with the SQLAlchemy
+        ``Connection`` it yields. The lease row is checked and locked at the first ``transaction()`` of the
+        run, and every block's writes commit **together with the run's completion** (its result, the lease
+        release) or not at all: an attempt that raises, retries, is killed or is refused leaves none of them
+        (``StaleToken`` if the token is not current). An exception inside a block undoes that block only.
+        Do not call ``commit()`` or ``rollback()`` on the connection (``UsageError``); for work that must
+        commit on its own before the run ends, use :meth:`atomic_step`. Needs a SQL store; with Redis or
+        etcd use :func:`celery_fence.fenced_update` on a table with a ``fence_token`` column.
         """
-        with self._sql_store().transaction(self.lease) as conn:
+        with self._open_run_transaction().block() as conn:
             yield conn
+
+    @property
+    def joined(self) -> bool:
+        """Whether the run has an open transaction that its completion commits."""
+        return self._run_tx is not None
+
+    def commit(self, result: Any) -> None:
+        """Complete the run: in its open transaction (all its writes commit with the result) or, without
+        one, in one store operation. ``StoreUnavailable``: the outcome is unknown, read the key."""
+        run_tx = self._run_tx
+        if run_tx is None:
+            self.store.complete(self.lease, result)
+            return
+        if not run_tx.open:
+            raise StoreUnavailable(f"the run's transaction on key {self.key!r} ended before its completion")
+        run_tx.complete(result)
+
+    def abort(self) -> None:
+        """Roll back the run's open transaction, if any (the run ends without completing)."""
+        run_tx, self._run_tx = self._run_tx, None
+        if run_tx is not None:
+            run_tx.close()
+            if self._heartbeat is not None:
+                self._heartbeat.unpin(self.lease)
+
+    def _open_run_transaction(self) -> Any:
+        run_tx = self._run_tx
+        if run_tx is not None and not run_tx.open:
+            if run_tx.lost_work:  # earlier blocks were undone with it: going on would commit half a run
+                raise StoreUnavailable(
+                    f"the run's transaction on key {self.key!r} was lost with writes of earlier blocks; "
+                    "nothing of it was committed: the run must run again"
+                )
+            self.abort()  # only its first block failed: nothing is lost by beginning again
+            run_tx = None
+        if run_tx is None:
+            run_tx = self._run_tx = self._sql_store().begin_run(self.lease, self._ttl)
+            if self._heartbeat is not None:
+                self._heartbeat.pin(self.lease)
+        return run_tx
 
     def step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` once per key: a committed step returns its stored value without calling ``fn``.
@@ -90,6 +149,7 @@ class Fence:
         if name in self._steps:
             value: T = copy.deepcopy(self._steps[name])  # callers may mutate what they get
             return value
+        self._no_open_transaction("step", name)
         value = codec.loads(codec.dumps(fn(*args, **kwargs)))  # the same value a resumed run will see
         self.store.save_step(self.lease, name, value)
         self._steps[name] = copy.deepcopy(value)
@@ -105,12 +165,17 @@ class Fence:
         if name in self._steps:
             stored: T = copy.deepcopy(self._steps[name])
             return stored
+        self._no_open_transaction("atomic_step", name)
         store = self._sql_store()
         with store.transaction(self.lease, step=name) as conn:
             value: T = codec.loads(codec.dumps(fn(conn, *args, **kwargs)))
             store.insert_step(conn, self.lease, name, value)
         self._steps[name] = copy.deepcopy(value)
         return value
+
+    def _no_open_transaction(self, what: str, name: str) -> None:
+        if self._run_tx is not None:
+            raise UsageError(_STEP_AFTER_TRANSACTION.format(what=what, name=name))
 
     def _sql_store(self) -> Any:
         if not isinstance(self.store, FencedConnectionStore):

@@ -9,6 +9,10 @@ stops wasted work early. How a body is interrupted depends on where it runs:
 - another thread (threads pool): an asynchronous exception, raised at the thread's next bytecode (after a
   blocking C call returns).
 - gevent/eventlet: not supported (the thread id is a greenlet's); the body stops at its next ``check()``.
+
+An interruption never outlives the run's body: ``fire`` sets it under the same lock that ``disarm`` takes,
+and ``disarm`` cancels an asynchronous exception still pending for its thread, so none can land in the
+completion, Celery's tracer or the next task.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ class Interrupter:
 
     def __init__(self) -> None:
         self._armed: dict[int, Any] = {}  # thread ident -> the armed run's fence
-        self._lock = threading.Lock()
+        self._fired: set[int] = set()  # threads with an asynchronous exception set while armed
+        self._lock = threading.RLock()  # the signal handler may run in a thread that holds it
         self._installed = False
 
     def arm(self, fence: Any) -> int:
@@ -52,18 +57,30 @@ class Interrupter:
         return ident
 
     def disarm(self, ident: int) -> None:
+        """Called by the run's own thread as it leaves the body; afterwards nothing is raised into it."""
         with self._lock:
             self._armed.pop(ident, None)
+            if ident in self._fired:  # set but maybe not raised yet: cancel it
+                self._fired.discard(ident)
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
 
     def fire(self, ident: int, fence: Any) -> None:
-        with self._lock:
+        with self._lock:  # held across the raise, so disarm cannot slip in between the check and it
             if self._armed.get(ident) is not fence:
                 return  # that run already left its body
-        if ident == threading.main_thread().ident:
-            signal.pthread_kill(ident, SIGNAL)
-        else:
-            exc = ctypes.py_object(LeaseLostInterrupt)
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), exc)
+            if ident == threading.main_thread().ident:
+                signal.pthread_kill(ident, SIGNAL)  # the handler checks the armed run under this lock
+            else:
+                exc = ctypes.py_object(LeaseLostInterrupt)
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), exc)
+                self._fired.add(ident)
+
+    def fire_for(self, fence: Any) -> None:
+        """Interrupt the thread whose armed run is ``fence`` (nothing if it is not armed)."""
+        with self._lock:
+            idents = [ident for ident, armed in self._armed.items() if armed is fence]
+            for ident in idents:
+                self.fire(ident, fence)
 
     def _install_handler(self) -> None:
         if not self._installed:

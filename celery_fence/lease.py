@@ -60,6 +60,7 @@ class LeaseState:
     done: bool
     result: Any = None
     dead: str | None = None
+    run: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # what the holder recorded
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,11 @@ A lease is lost when the store refuses its renew, or when no renew succeeded bef
 deadline (the store may be unreachable; the worker must then assume the store expired it). Loss is never
 silent: the callback given to :meth:`Renewer.track` runs (the task layer logs, signals and sends an event).
 The heartbeat only lets a worker stop early; the store's token check is what keeps data safe.
+
+A lease whose run holds its fenced transaction open is *pinned*: its row is locked by that transaction, so it
+is alive by that lock (no one can take it over until the transaction ends, and the server ends an idle one
+after a ttl). The renewer neither renews it (the renew would wait behind the run's own lock) nor expires it
+locally until it is unpinned.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class _Tracked:
     on_lost: OnLost
     sent_at: float  # when its acquire or last successful renew was sent
     on_renewed: OnRenewed | None = None
+    pinned: bool = False
 
     def due(self, now: float) -> bool:
         """Skip a lease renewed (or acquired) under half an interval ago: a short task is never renewed.
@@ -42,7 +48,7 @@ class _Tracked:
         The next pass comes within an interval, so a skipped lease is renewed by 1.5 intervals (< 0.75 ttl),
         before its local deadline (0.9 ttl).
         """
-        return now - self.sent_at >= self.policy.interval / 2
+        return not self.pinned and now - self.sent_at >= self.policy.interval / 2
 
 
 class Renewer:
@@ -78,10 +84,26 @@ class Renewer:
             self._leases.pop(lease, None)
 
     def deadline(self, lease: Lease) -> float | None:
-        """The lease's local monotonic deadline, or ``None`` when it is not tracked (any more)."""
+        """The lease's local monotonic deadline, or ``None`` when it is not tracked (any more) or pinned."""
         with self._lock:
             tracked = self._leases.get(lease)
-            return None if tracked is None else tracked.deadline
+            return None if tracked is None or tracked.pinned else tracked.deadline
+
+    def pin(self, lease: Lease) -> None:
+        """The run's open transaction locks the lease row: alive by that lock, not renewed meanwhile."""
+        self._set_pinned(lease, True)
+
+    def unpin(self, lease: Lease) -> None:
+        """The transaction ended without completing: renew at the next pass; the deadline it had stands."""
+        self._set_pinned(lease, False)
+
+    def _set_pinned(self, lease: Lease, pinned: bool) -> None:
+        with self._lock:
+            tracked = self._leases.get(lease)
+            if tracked is not None:
+                tracked.pinned = pinned
+                if not pinned:
+                    tracked.sent_at = float("-inf")  # due
 
     def held(self) -> list[Lease]:
         with self._lock:
@@ -127,7 +149,7 @@ class Renewer:
     def _expire_overdue(self) -> None:
         now = self.clock()
         with self._lock:
-            overdue = [lease for lease, t in self._leases.items() if t.deadline <= now]
+            overdue = [lease for lease, t in self._leases.items() if t.deadline <= now and not t.pinned]
         for lease in overdue:
             self._lose(lease, "no successful renew before the local deadline")
 
@@ -162,7 +184,7 @@ class Renewer:
     def _next_wait(self) -> float:
         """Wake at the interval, or earlier when a local deadline comes first."""
         with self._lock:
-            deadlines = [t.deadline for t in self._leases.values()]
+            deadlines = [t.deadline for t in self._leases.values() if not t.pinned]
         until_deadline = min(deadlines, default=float("inf")) - self.clock()
         return max(0.0, min(self.interval, until_deadline))
 

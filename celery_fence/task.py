@@ -17,30 +17,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
-from celery import Task
+from celery import Task, states
+from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore
 from celery.signals import celeryd_after_setup, celeryd_init
 
 from . import codec
 from .bootstep import add_worker_steps
 from .config import FenceConfig
-from .errors import (
-    AlreadyDone,
-    FenceError,
-    LeaseHeld,
-    LeaseLost,
-    NotSerializable,
-    StaleToken,
-    StoreUnavailable,
-)
+from .errors import FenceError, LeaseHeld, NotSerializable, StoreUnavailable
 from .events import send_fence_event
-from .failpoints import failpoint
 from .fence import Fence
 from .keys import derive_key
-from .lease import Lease
-from .runtime import FenceRuntime, runtime_for
+from .lease import Lease, LeaseState
+from .renewer import OnLost, OnRenewed
+from .run import Run
+from .runtime import runtime_for
 from .signals import (
     lease_acquired,
     lease_duplicate,
@@ -52,11 +46,24 @@ from .signals import (
 )
 from .startup import check_worker_at_start
 
-__all__ = ["FencedTask"]
+__all__ = ["HANDOFF_HEADER", "FencedTask"]
 
 log = logging.getLogger(__name__)
 
-ACQUIRE_ATTEMPTS = 3
+HANDOFF_HEADER = "fence_handoff"  # the token an attempt hands to the copy of itself that it sends
+
+
+def _token_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _quietly(fn: Callable[..., Any], *args: Any) -> Any:
+    """Best-effort store calls on the way out: a failure leaves the lease to expire by its ttl."""
+    try:
+        return fn(*args)
+    except FenceError as exc:
+        log.warning("fence: %s failed: %s", getattr(fn, "__name__", fn), exc)
+        return None
 
 
 class FencedTask(Task):  # type: ignore[misc]  # celery ships no type information
@@ -98,158 +105,92 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         config = runtime.config.with_task_options(
             self.fence_lease_ttl, self.fence_on_busy, self.fence_interrupt
         )
-        key, is_task_id = derive_key(self, args, kwargs)
-        try:
-            lease, sent_at = self._acquire(runtime, config, key, self._run_info(args, kwargs))
-        except AlreadyDone as done:
-            log.info("fence: duplicate delivery of %s absorbed: already done (token %d)", key, done.token)
-            send_fence_event(
-                self, self.request, "duplicate", key=key, token=done.token, reason="already done"
-            )
-            lease_duplicate.send(sender=self, key=key, token=done.token, task_id=request.id, reason="done")
-            return done.result
-        except LeaseHeld as held:
-            return self._on_busy(held, config, is_task_id)
-        except StoreUnavailable as exc:  # nothing started and no lease held: Celery may simply retry
-            log.warning("fence: store unavailable for %s, retrying the task: %s", key, exc)
-            return self.retry(exc=exc, countdown=config.policy.interval)
-        return self._run_fenced(runtime, config, lease, sent_at, args, kwargs)
+        key, _ = derive_key(self, args, kwargs)
+        handoff = _token_or_none(getattr(request, HANDOFF_HEADER, None))
+        run = Run(self, runtime, config, key, self._run_info(args, kwargs), handoff)
+        return run.execute(args, kwargs)
 
-    def _acquire(
-        self, runtime: FenceRuntime, config: FenceConfig, key: str, run: codec.Encoded
-    ) -> tuple[Lease, float]:
-        """Acquire, retrying a store hiccup a few times with the same owner: an acquire that committed but
-        whose answer was lost is then found again (a store returns its own owner's live lease)."""
-        owner = runtime.new_owner()
-        failpoint("before-acquire")
-        for attempt in range(ACQUIRE_ATTEMPTS):
-            sent_at = time.monotonic()
-            try:
-                lease = runtime.store.acquire(key, owner, config.policy.ttl, run)
-                failpoint("after-acquire")
-                return lease, sent_at
-            except StoreUnavailable:
-                if attempt == ACQUIRE_ATTEMPTS - 1:
-                    raise
-                time.sleep(min(0.5, config.policy.interval / 4) * (attempt + 1))
-        raise AssertionError("unreachable")
+    def signature_from_request(self, request: Any = None, *args: Any, **options: Any) -> Any:
+        """Every copy this run sends of itself (``retry``, a re-queue) names the token it hands over, so
+        the copy can take the key back at once if this attempt's release does not reach the store."""
+        signature = super().signature_from_request(request, *args, **options)
+        fence = getattr(request if request is not None else self.request, "_fence", None)
+        if fence is not None:
+            headers = dict(signature.options.get("headers") or {})
+            headers[HANDOFF_HEADER] = fence.token
+            signature.options["headers"] = headers
+        return signature
 
-    def _run_fenced(
-        self,
-        runtime: FenceRuntime,
-        config: FenceConfig,
-        lease: Lease,
-        sent_at: float,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        fence = Fence(runtime.store, lease, lambda: runtime.renewer.deadline(lease))
+    # -- what a run asks of its task (run.RunHost) --
+
+    def body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self.run(*args, **kwargs)
+
+    def started(self, fence: Fence) -> tuple[OnLost, OnRenewed]:
+        """The lease is held: expose it as ``self.fence``, tell the world, and say how to hear of its loss."""
         request = self.request  # the renewer's thread has no request of its own
         request._fence = fence
-        fields = {"key": lease.key, "token": lease.token, "task_id": request.id}
+        runtime = runtime_for(self.app)
+        fields = {"key": fence.key, "token": fence.token, "task_id": request.id}
         lease_acquired.send(sender=self, **fields)
-        if lease.taken_over:  # the store said so in the acquire itself: no extra round trip
-            lease_takeover.send(sender=self, expired_for=lease.expired_for, **fields)
+        if fence.lease.taken_over:  # the store said so in the acquire itself: no extra round trip
+            lease_takeover.send(sender=self, expired_for=fence.lease.expired_for, **fields)
         if runtime.task_events:  # sent only when the worker sends task events
-            send_fence_event(self, request, "acquired", key=lease.key, token=lease.token)
-        interrupt = runtime.interrupter.arm(fence) if config.interrupt else None
+            send_fence_event(self, request, "acquired", key=fence.key, token=fence.token)
+        request._fence_started = time.monotonic()
 
         def on_lost(lost: Lease, reason: str) -> None:
             fence.mark_lost(reason)
             log.warning("fence lease lost: %s token %d (%s): %s", lost.key, lost.token, self.name, reason)
             lease_lost.send(sender=self, reason=reason, **fields)
             send_fence_event(self, request, "lost", key=lost.key, token=lost.token, reason=reason)
-            if interrupt is not None:
-                runtime.interrupter.fire(interrupt, fence)
+            runtime.interrupter.fire_for(fence)  # only a run armed with fence_interrupt is interrupted
 
-        runtime.renewer.track(
-            lease, config.policy, sent_at, on_lost, lambda _: lease_renewed.send(sender=self, **fields)
-        )
-        try:
-            try:
-                result = self.run(*args, **kwargs)
-            finally:
-                if interrupt is not None:
-                    runtime.interrupter.disarm(interrupt)
-            self._complete(runtime, config, fence, result)
-            return result
-        except (LeaseLost, StaleToken) as exc:
-            self._refused(runtime, fence, exc)
-        except StoreUnavailable as exc:  # a fenced write's outcome is unknown: run again once it answers
-            log.warning("fence: store unavailable in %s[%s], re-queued: %s", self.name, self.request.id, exc)
-            if self.request.is_eager:
-                self._release(runtime, lease)
-                raise
-            self._requeue(countdown=config.policy.interval, handing_back=(runtime, lease))
-        except BaseException:
-            self._release(runtime, lease)
-            raise
-        finally:
-            runtime.renewer.untrack(lease)
-            self.request._fence = None
-            lease_released.send(sender=self, held=time.monotonic() - sent_at, **fields)
+        return on_lost, lambda _: lease_renewed.send(sender=self, **fields)
 
-    def _complete(self, runtime: FenceRuntime, config: FenceConfig, fence: Fence, result: Any) -> None:
-        """Complete with the token; retry a store hiccup until the local deadline."""
-        deadline = time.monotonic() + config.policy.ttl - config.policy.margin
-        failpoint("before-complete")
-        while True:
-            try:
-                runtime.store.complete(fence.lease, result)
-                return
-            except StaleToken:
-                state = runtime.store.get(fence.key)
-                if state is not None and state.done and state.token == fence.token:
-                    return  # our own completion committed; only its reply was lost
-                raise
-            except StoreUnavailable:
-                if time.monotonic() >= deadline:
-                    raise LeaseLost(
-                        fence.key, fence.token, "completion unconfirmed before the deadline"
-                    ) from None
-                time.sleep(min(1.0, config.policy.interval / 4))
+    def ended(self, fence: Fence) -> None:
+        request = self.request
+        held = time.monotonic() - getattr(request, "_fence_started", time.monotonic())
+        request._fence = None
+        lease_released.send(sender=self, held=held, key=fence.key, token=fence.token, task_id=request.id)
 
-    def _refused(self, runtime: FenceRuntime, fence: Fence, exc: LeaseLost | StaleToken) -> None:
-        reason = str(exc)
-        if isinstance(exc, LeaseLost):  # refused here, before the store saw a write
-            self._quietly(runtime.store.refuse, fence.lease, f"lease lost: {exc.reason}")
-        elif not exc.recorded:  # refused by the resource itself (fenced_update): put it in the history too
-            self._quietly(runtime.store.refuse, fence.lease, exc.what)
+    def duplicate(self, key: str, token: int, reason: str) -> None:
+        log.info("fence: duplicate delivery of %s absorbed: %s (token %d)", key, reason, token)
+        send_fence_event(self, self.request, "duplicate", key=key, token=token, reason=reason)
+        lease_duplicate.send(sender=self, key=key, token=token, task_id=self.request.id, reason=reason)
+
+    def refused(self, fence: Fence, reason: str) -> None:
         log.warning("fence refused %s[%s]: %s", self.name, self.request.id, reason)
         write_refused.send(
             sender=self, key=fence.key, token=fence.token, task_id=self.request.id, reason=reason
         )
         send_fence_event(self, self.request, "refused", key=fence.key, token=fence.token, exception=reason)
-        state = self._quietly(runtime.store.get, fence.key)
-        if state is not None and (state.token != fence.token or state.done):
-            raise Ignore()  # a newer holder owns the key (or finished it): nothing is ours to store
-        if self.request.is_eager:  # apply() has no queue to go back to: the caller sees why
-            self._release(runtime, fence.lease)
-            raise exc
-        self._requeue(countdown=0, handing_back=(runtime, fence.lease))  # only lapsed: run again
 
-    def _on_busy(self, held: LeaseHeld, config: FenceConfig, is_task_id: bool) -> Any:
-        countdown = config.policy.busy_countdown(held.expires_in)
-        if is_task_id or config.on_busy == "ignore":  # both are told as task-fence-duplicate below
-            lease_duplicate.send(sender=self, key=held.key, token=0, task_id=self.request.id, reason="held")
-        if is_task_id:  # a copy of this very task id: absorb it, and come back in case the holder dies
-            log.info("fence: duplicate delivery of %s absorbed: %s; back in %.1fs", held.key, held, countdown)
-            send_fence_event(self, self.request, "duplicate", key=held.key, token=0, reason=str(held))
-            self._requeue(countdown)
-        if config.on_busy == "ignore":
-            send_fence_event(self, self.request, "duplicate", key=held.key, token=0, reason=str(held))
-            raise Ignore()
-        if config.on_busy == "fail":
-            raise held
-        return self.retry(exc=held, countdown=countdown)
+    def delivered(self) -> bool:
+        """Whether the result backend already holds SUCCESS for this task id: the run that stored it also
+        sent its callbacks (Celery sends them first), so a copy must not send them again."""
+        if self.request.is_eager or isinstance(self.backend, DisabledBackend):
+            return False
+        try:
+            return bool(self.backend.get_task_meta(self.request.id).get("status") == states.SUCCESS)
+        except Exception as exc:  # a backend that cannot answer: deliver again (at least once)
+            log.warning("fence: could not read the result of %s: %s", self.request.id, exc)
+            return False
 
-    def _requeue(self, countdown: float, handing_back: tuple[FenceRuntime, Lease] | None = None) -> None:
+    def requeue(
+        self, countdown: float, handing_back: Lease | None = None, cause: BaseException | None = None
+    ) -> NoReturn:
         """Send this message again (same id) without touching the result backend, then end with Ignore.
 
         A lease handed back is released only once the message is sent again: if it cannot be (max_retries),
-        the lease stays to expire, so ``fence recover`` finds the run abandoned instead of losing it.
+        the lease stays to expire, so recovery finds the run abandoned instead of losing it.
         """
         request = self.request
+        store = runtime_for(self.app).store
+        if request.is_eager:  # apply() has no queue to go back to: the caller sees why
+            if handing_back is not None:
+                _quietly(store.release, handing_back)
+            raise cause if cause is not None else Ignore()
         if self.max_retries is not None and request.retries >= self.max_retries:
             log.error(
                 "fence: %s[%s] not re-queued: max_retries reached; recovery will find it once its "
@@ -258,29 +199,55 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
                 request.id,
             )
             raise Ignore()
-        if request.is_eager:
-            raise Ignore()
         self.signature_from_request(request, countdown=countdown, retries=request.retries + 1).apply_async()
         if handing_back is not None:
-            self._release(*handing_back)  # the copy just sent may start at once
+            _quietly(store.release, handing_back)  # the copy just sent may start at once
         raise Ignore()
 
-    def _release(self, runtime: FenceRuntime, lease: Lease) -> None:
-        self._quietly(runtime.store.release, lease)
+    def busy(self, held: LeaseHeld, config: FenceConfig) -> Any:
+        """Another task holds the key: ``fence_on_busy`` decides."""
+        countdown = config.policy.busy_countdown(held.expires_in)
+        if config.on_busy == "ignore":  # ends ready, never PENDING: the caller learns who holds the key
+            lease_duplicate.send(sender=self, key=held.key, token=0, task_id=self.request.id, reason="held")
+            send_fence_event(self, self.request, "duplicate", key=held.key, token=0, reason=str(held))
+            self._store_failure(held)
+            raise Ignore()
+        if config.on_busy == "fail":
+            raise held
+        return self.retry(exc=held, countdown=countdown)
 
-    def _quietly(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Best-effort store calls on the way out: a failure leaves the lease to expire by its ttl."""
+    def wait_out(self, exc: StoreUnavailable, config: FenceConfig) -> Any:
+        """The store did not answer the acquire: nothing ran and no lease is held: come back later."""
+        log.warning("fence: store unavailable for %s, retrying the task: %s", self.request.id, exc)
+        return self.retry(exc=exc, countdown=config.policy.interval)
+
+    def superseded(self, fence: Fence, state: LeaseState | None) -> NoReturn:
+        """A run of another task id took the key over and has not finished it: this task id ends FAILURE
+        naming it (DESIGN.md §3), instead of waiting for ever."""
+        owner = None if state is None else state.owner
+        task_id = None if state is None or not state.run else state.run.get("id")
+        holder = f"{owner} (task {task_id})" if task_id else owner
+        raise LeaseHeld(fence.key, holder, None if state is None else state.expires_in)
+
+    def _store_failure(self, exc: FenceError) -> None:
+        if self.request.is_eager:
+            return
         try:
-            return fn(*args)
-        except FenceError as exc:
-            log.warning("fence: %s on %s failed: %s", getattr(fn, "__name__", fn), self.name, exc)
-            return None
+            self.backend.mark_as_failure(self.request.id, exc, request=self.request)
+        except Exception as error:  # no result backend, or it is down: nothing more to tell
+            log.warning("fence: could not store the outcome of %s: %s", self.request.id, error)
 
     def _run_info(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> codec.Encoded:
         """What recovery needs to send this run again (arguments only if JSON can carry them), encoded
         once here: the store keeps this text instead of encoding the run a second time."""
         request = self.request
-        info: dict[str, Any] = {"task": self.name, "id": request.id, "args": list(args), "kwargs": kwargs}
+        info: dict[str, Any] = {
+            "task": self.name,
+            "id": request.id,
+            "retries": request.retries,
+            "args": list(args),
+            "kwargs": kwargs,
+        }
         queue = (request.delivery_info or {}).get("routing_key")
         if queue:
             info["queue"] = queue

@@ -123,3 +123,7 @@ class FencedConnectionStore(Store, Protocol):
     def insert_step(self, conn: Any, lease: Lease, name: str, value: Any) -> None:
         """Record step ``name`` inside an open ``transaction(lease, step=name)``: it commits with it."""
 
+    def begin_run(self, lease: Lease, ttl: float) -> Any:
+        """Open the run's transaction (``stores.sql_run.RunTransaction``): the lease row checked and locked
+        until it commits together with the run's completion, or rolls back. ``StaleToken`` if not current."""
+

@@ -61,7 +61,8 @@ def _state(store: EtcdStore, key: str, found: Mapping[str, KV], ttls: Mapping[in
     result = None if done is None else codec.loads(json.loads(done.value)["result"])
     token = store._epochs.token(found["state"].mod)
     dead = found["dead"].value if "dead" in found else None
-    return LeaseState(key, token, info["owner"], expires_in, done is not None, result, dead)
+    run = codec.loads(info["run"]) if info.get("run") else None
+    return LeaseState(key, token, info["owner"], expires_in, done is not None, result, dead, run)
 
 
 def history(store: EtcdStore, key: str | None) -> list[HistoryEvent]:

@@ -232,4 +232,5 @@ class MemoryStore:
     def _state(key: str, row: _Row, now: float) -> LeaseState:
         expires_in = None if row.expires_at is None else row.expires_at - now
         result = codec.loads(row.result)
-        return LeaseState(key, row.token, row.owner, expires_in, row.done, result, row.dead)
+        run = codec.loads(row.run) if row.run else None
+        return LeaseState(key, row.token, row.owner, expires_in, row.done, result, row.dead, run)

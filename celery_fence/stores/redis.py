@@ -261,9 +261,12 @@ def _raise_stale(lease: Lease, reply: list[Any], what: str) -> None:
 
 
 def _state(key: str, now: int, row: list[str | None]) -> LeaseState:
-    token, owner, exp, done, result, dead = row
+    token, owner, exp, done, result, dead, run = row
     expires_in = None if exp is None else (int(exp) - now) / 1000
-    return LeaseState(key, int(token or 0), owner, expires_in, done == "1", codec.loads(result), dead)
+    recorded = codec.loads(run) if run else None
+    return LeaseState(
+        key, int(token or 0), owner, expires_in, done == "1", codec.loads(result), dead, recorded
+    )
 
 
 def _ms(seconds: float, what: str) -> int:

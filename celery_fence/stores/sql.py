@@ -23,12 +23,15 @@ from ..failpoints import failpoint
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from .sql_driver import DriverStatements
 from .sql_engine import (
+    RowLocked,
     SessionLimits,
     create_store_engine,
-    lost_connection_is_unavailable,
+    safe_url,
     translate_errors,
+    user_statement_errors,
 )
 from .sql_queries import queries_for
+from .sql_run import RunTransaction
 from .sql_schema import SCHEMA_VERSION, migrate
 from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
 
@@ -95,7 +98,10 @@ class SQLStore:
         ttl = validate_ttl(ttl)
         run_text = codec.dumps_mapping(run)
         params = {"key": key, "owner": owner, "ttl": ttl, "run": run_text}
-        rows = self._hot("acquire", params)
+        try:
+            rows = self._hot("acquire", params)
+        except RowLocked:  # its holder's open transaction locks it: a live lease
+            rows = []
         if rows:  # the old row's expiry is not visible to RETURNING: expired_for stays unknown here
             return Lease(key, int(rows[0][0]), owner, taken_over=rows[0][1] == "takeover")
         with self._one() as conn:  # held or done: say by whom (not the hot path)
@@ -117,18 +123,29 @@ class SQLStore:
         lost = [lease for lease in leases if (lease.key, lease.token) not in kept]
         if lost:
             with self._one() as conn:
-                conn.execute(self.q.log, [self._event(lease, "renew-failed") for lease in lost])
+                conn.execute(self.q.log, [self.event_params(lease, "renew-failed") for lease in lost])
         return lost
 
     def complete(self, lease: Lease, result: Any) -> None:
         check_lease(lease)
-        params = self._event(lease, "complete", result=codec.dumps(result))
+        params = self.event_params(lease, "complete", result=codec.dumps(result))
         if not self._hot("complete", params):
-            self._refuse_now(lease, "complete")
+            self.refuse_now(lease, "complete")
 
     def release(self, lease: Lease) -> None:
         check_lease(lease)
         self._hot("release", {"key": lease.key, "token": lease.token})
+
+    @property
+    def safe_url(self) -> str:
+        return safe_url(self.url)
+
+    def begin_run(self, lease: Lease, ttl: float) -> RunTransaction:
+        """Open the run's transaction: the lease row checked and locked until it commits with the
+        completion (``RunTransaction.complete``) or rolls back (``close``). ``StaleToken``: not current."""
+        check_lease(lease)
+        self._ready()
+        return RunTransaction(self, lease, validate_ttl(ttl))
 
     @contextmanager
     def transaction(self, lease: Lease, step: str | None = None) -> Iterator[Connection]:
@@ -143,16 +160,16 @@ class SQLStore:
             conn = self.engine.connect()
             try:
                 tx = conn.begin()
-                current = self._guard(conn, lease, "step" if step else "write", step)
+                current = self.guard(conn, lease, "step" if step else "write", step)
             except BaseException:
                 conn.close()
                 raise
         if not current:
             conn.close()
-            self._refuse_now(lease, f"step {step}" if step else "write")
+            self.refuse_now(lease, f"step {step}" if step else "write")
         failpoint("after-guard")
         try:
-            with lost_connection_is_unavailable(self.url):
+            with user_statement_errors(self.url):
                 yield conn
             with translate_errors(self.url):
                 tx.commit()
@@ -165,11 +182,11 @@ class SQLStore:
         params = {"key": lease.key, "name": name, "token": lease.token, "value": codec.dumps(value)}
         self._ready()
         with translate_errors(self.url), self.engine.begin() as conn:
-            current = self._guard(conn, lease, "step", name)
+            current = self.guard(conn, lease, "step", name)
             if current:
                 conn.execute(self.q.insert_step, params)
         if not current:
-            self._refuse_now(lease, f"step {name}")
+            self.refuse_now(lease, f"step {name}")
 
     def insert_step(self, conn: Connection, lease: Lease, name: str, value: Any) -> None:
         """Record step ``name`` inside an open :meth:`transaction` (opened with ``step=name``)."""
@@ -185,7 +202,7 @@ class SQLStore:
     def refuse(self, lease: Lease, what: str) -> None:
         check_lease(lease)
         with self._one() as conn:
-            conn.execute(self.q.log, self._event(lease, "refused", detail=what))
+            conn.execute(self.q.log, self.event_params(lease, "refused", detail=what))
 
     # -- reading --
 
@@ -258,18 +275,18 @@ class SQLStore:
 
     # -- internals --
 
-    def _guard(self, conn: Connection, lease: Lease, event: str, detail: str | None) -> bool:
+    def guard(self, conn: Connection, lease: Lease, event: str, detail: str | None) -> bool:
         params = {"key": lease.key, "token": lease.token, "event": event, "detail": detail}
         return conn.execute(self.q.guard, params).first() is not None
 
     def _refused(self, conn: Connection, lease: Lease, what: str) -> None:
-        conn.execute(self.q.log, self._event(lease, "refused", detail=what))
+        conn.execute(self.q.log, self.event_params(lease, "refused", detail=what))
         current = conn.execute(self.q.current_token, {"key": lease.key}).scalar()
         raise StaleToken(
             lease.key, lease.token, None if current is None else int(current), what, recorded=True
         )
 
-    def _refuse_now(self, lease: Lease, what: str) -> None:
+    def refuse_now(self, lease: Lease, what: str) -> None:
         with self._one() as conn:
             self._refused(conn, lease, what)
 
@@ -283,7 +300,7 @@ class SQLStore:
         return {"pairs": json.dumps([[x.key, x.token] for x in leases]), "ttl": ttl}
 
     @staticmethod
-    def _event(lease: Lease, event: str, **extra: Any) -> dict[str, Any]:
+    def event_params(lease: Lease, event: str, **extra: Any) -> dict[str, Any]:
         params = {"key": lease.key, "token": lease.token, "owner": lease.owner, "event": event}
         return {"detail": None, **params, **extra}
 
@@ -298,4 +315,7 @@ def _schema_current(conn: Connection) -> bool:
 def _state(row: Row[Any]) -> LeaseState:
     expires_in = None if row.expires_in is None else float(row.expires_in)
     result = codec.loads(row.result)
-    return LeaseState(row.key, int(row.token), row.owner, expires_in, bool(row.done), result, row.dead)
+    run = codec.loads(row.run) if row.run else None
+    return LeaseState(
+        row.key, int(row.token), row.owner, expires_in, bool(row.done), result, row.dead, run
+    )

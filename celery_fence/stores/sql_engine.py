@@ -37,11 +37,13 @@ from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnava
 from .liveness import idle_socket_is_readable
 
 __all__ = [
+    "RowLocked",
     "SessionLimits",
     "create_store_engine",
     "ended_while_idle",
-    "lost_connection_is_unavailable",
+    "safe_url",
     "translate_errors",
+    "user_statement_errors",
 ]
 
 
@@ -194,28 +196,43 @@ def translate_errors(url: str) -> Iterator[None]:
     except DBAPIError as exc:
         raise _translate_dbapi(url, exc) from exc
     except SQLAlchemyError as exc:
-        raise StoreUnavailable(f"fence store {_safe(url)} failed: {exc}") from exc
+        raise StoreUnavailable(f"fence store {safe_url(url)} failed: {exc}") from exc
+
+
+# The caller's statements in a fenced transaction fail for these without any fault of theirs: the
+# session's own timeouts (statement, lock, idle in transaction), a deadlock or serialization failure, the
+# server going away. Nothing was committed and running again can succeed, so they are StoreUnavailable.
+_TRANSIENT_IN_TRANSACTION = {"57014", "55P03", "25P03", "40001", "40P01"} | _PG_UNAVAILABLE
 
 
 @contextmanager
-def lost_connection_is_unavailable(url: str) -> Iterator[None]:
-    """Around the caller's own statements in a fenced transaction: their errors stay theirs, but a lost
-    connection is the store's outage (nothing was committed), so the run may simply run again."""
+def user_statement_errors(url: str) -> Iterator[None]:
+    """Around the caller's own statements in a fenced transaction: their errors stay theirs, except what
+    waiting can heal (a lost connection, a session timeout, a deadlock), which is ``StoreUnavailable``."""
     try:
         yield
     except DBAPIError as exc:
-        if not exc.connection_invalidated:
+        code = getattr(exc.orig, "sqlstate", None)
+        if not exc.connection_invalidated and code not in _TRANSIENT_IN_TRANSACTION:
             raise
+        first = str(exc.orig).splitlines()[0] if str(exc.orig) else type(exc.orig).__name__
         raise StoreUnavailable(
-            f"fence store {_safe(url)} lost its connection: {str(exc.orig).splitlines()[0]}"
+            f"fence store {safe_url(url)}: the run's transaction failed ({first}); nothing of it was "
+            "committed, the run will run again"
         ) from exc
+
+
+class RowLocked(StoreUnavailable):
+    """A statement met a row lock it would not wait for (PostgreSQL 55P03): an acquire reads it as held."""
 
 
 def _translate_dbapi(url: str, exc: DBAPIError) -> FenceError:
     message = str(exc.orig)
     code = getattr(exc.orig, "sqlstate", None)
+    if code == "55P03":
+        return RowLocked(f"fence store {safe_url(url)}: a row is locked: {message.splitlines()[0]}")
     if code == "FE001" or "fence token counter rewound" in message:
-        return TokenRewound(f"{message.splitlines()[0]}: run 'celery fence advance' on {_safe(url)}")
+        return TokenRewound(f"{message.splitlines()[0]}: run 'celery fence advance' on {safe_url(url)}")
     if isinstance(exc, IntegrityError):
         return InvalidArgument(f"the store refused a duplicate: {message.splitlines()[0]}")
     if code in ("22001", "22021", "22P02") or isinstance(exc.orig, (sqlite3.DataError, OverflowError)):
@@ -225,11 +242,12 @@ def _translate_dbapi(url: str, exc: DBAPIError) -> FenceError:
         or code in _PG_UNAVAILABLE
         or isinstance(exc.orig, sqlite3.OperationalError)
     ):
-        return StoreUnavailable(f"fence store {_safe(url)} unavailable: {message.splitlines()[0]}")
-    return StoreUnavailable(f"fence store {_safe(url)} failed: {message.splitlines()[0]}")
+        return StoreUnavailable(f"fence store {safe_url(url)} unavailable: {message.splitlines()[0]}")
+    return StoreUnavailable(f"fence store {safe_url(url)} failed: {message.splitlines()[0]}")
 
 
-def _safe(url: str) -> str:
+def safe_url(url: str) -> str:
+    """``url`` with its password hidden, for messages."""
     try:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:

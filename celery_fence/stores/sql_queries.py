@@ -32,6 +32,10 @@ class _Dialect:
     next_token: str
     pairs: str  # a row source of (key, token) from one parameter :pairs
     advance: str
+    # An acquire that meets the row locked by its holder's open transaction fails at once (55P03, read as
+    # LeaseHeld) instead of waiting behind it: the CTE's NOWAIT lock is taken because the WHERE reads it.
+    probe: str = ""
+    probe_where: str = "WHERE true"  # SQLite needs a WHERE on INSERT ... SELECT ... ON CONFLICT
 
 
 _POSTGRES = _Dialect(
@@ -40,6 +44,8 @@ _POSTGRES = _Dialect(
     pairs="SELECT k, t FROM unnest(CAST(:keys AS text[]), CAST(:tokens AS bigint[])) AS p(k, t)",
     advance="SELECT setval('fence_token_seq', "
     "(SELECT last_value FROM fence_token_seq) + CAST(:gap AS bigint))",
+    probe="WITH probe AS (SELECT 1 FROM fence_leases WHERE key = :key FOR UPDATE NOWAIT)",
+    probe_where="WHERE (SELECT count(*) FROM probe) >= 0",
 )
 _SQLITE = _Dialect(
     now="((julianday('now') - 2440587.5) * 86400.0)",
@@ -74,12 +80,14 @@ class Queries:
 
 def queries_for(dialect_name: str) -> Queries:
     d = _POSTGRES if dialect_name == "postgresql" else _SQLITE
-    lease_cols = f"key, token, owner, expires_at - {d.now} AS expires_in, done, result, dead"
+    lease_cols = f"key, token, owner, expires_at - {d.now} AS expires_in, done, result, dead, run"
     return Queries(
         # Take the lease if it is free or expired: one statement; no row back means held or done.
         acquire=text(f"""
+            {d.probe}
             INSERT INTO fence_leases (key, token, owner, expires_at, done, run, recoveries, event)
-            VALUES (:key, {d.next_token}, :owner, {d.now} + :ttl, false, :run, 0, 'acquire')
+            SELECT :key, {d.next_token}, :owner, {d.now} + :ttl, false, :run, 0, 'acquire'
+            {d.probe_where}
             ON CONFLICT (key) DO UPDATE SET
               token = {d.next_token}, owner = excluded.owner, expires_at = {d.now} + :ttl,
               run = excluded.run, detail = NULL, dead = NULL,

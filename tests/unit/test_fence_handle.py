@@ -8,6 +8,7 @@ import pytest
 
 from celery_fence.errors import ConfigurationError, LeaseLost, StaleToken
 from celery_fence.fence import Fence
+from celery_fence.lease import Lease
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import FakeClock
 
@@ -140,7 +141,15 @@ def test_check_self_fences_at_the_local_deadline_even_if_the_renewer_is_stuck() 
 
     store = MemoryStore(clock=FakeClock())
     deadline = [time.monotonic() + 3600.0]
-    fence = Fence(store, store.acquire("k", "w", 30.0), lambda: deadline[0])
+
+    class StuckRenewer:  # a renewer whose deadline the test moves
+        def deadline(self, lease: Lease) -> float:
+            return deadline[0]
+
+        def pin(self, lease: Lease) -> None: ...
+        def unpin(self, lease: Lease) -> None: ...
+
+    fence = Fence(store, store.acquire("k", "w", 30.0), StuckRenewer())
     fence.check()  # well before the deadline
     deadline[0] = time.monotonic() - 0.001  # the renewer never got an answer in time
     with pytest.raises(LeaseLost, match="local deadline"):

@@ -1,0 +1,194 @@
+"""How a run ends: the pure decision table of the run's state machine (DESIGN.md §3). Standard library only.
+
+A run goes acquire -> body -> complete. At each step something happens (:class:`Event`) and, when that alone
+cannot say what it means, the run reads the key's state and classifies it (:class:`View`, by
+:func:`view_of`). :func:`decide` maps the two to what the run does next (:class:`Action`). Every store call
+has three outcomes, treated apart: answered, failed before the store acted, and unknown (sent, reply lost);
+the last two arrive here as the same ``*_UNKNOWN`` event, because a client cannot tell them apart, and the
+rows for them are the ones that must hold either way: an unknown outcome is resolved by reading the
+store (our own token finished: it committed) or, when even that fails, by sending the run again (the copy
+finds the key finished, or takes it back from this attempt through the hand-off token).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .lease import LeaseState
+
+__all__ = ["Action", "Event", "Facts", "View", "decide", "view_of"]
+
+
+class Event(enum.Enum):
+    ACQUIRED = "acquired"  # the store granted the lease
+    FINISHED = "finished"  # acquire: the key is done (AlreadyDone)
+    HELD = "held"  # acquire: a live lease elsewhere (LeaseHeld)
+    ACQUIRE_UNKNOWN = "acquire unknown"  # acquire raised StoreUnavailable after its retries
+    RETURNED = "returned"  # the body returned: complete next
+    RAISED = "raised"  # the body raised (an ordinary exception, or Celery's Retry)
+    REFUSED = "refused"  # LeaseLost or StaleToken left the body
+    BODY_UNKNOWN = "body unknown"  # StoreUnavailable left the body: a fenced write's outcome is unknown
+    COMPLETED = "completed"  # complete answered: committed
+    COMPLETE_REFUSED = "complete refused"  # complete answered StaleToken
+    COMPLETE_UNKNOWN = "complete unknown"  # complete raised StoreUnavailable: committed or not, unknown
+
+
+class View(enum.Enum):
+    """The key's state as this run sees it (read after an event that needs it)."""
+
+    UNREAD = "unread"  # not read yet, or (``Facts.read_failed``) the read failed
+    GONE = "gone"  # the store does not know the key (pruned)
+    MINE_DONE = "mine done"  # finished with this run's token: its completion committed
+    MINE_HELD = "mine held"  # this run's token, not finished, still leased (live or lapsed)
+    MINE_FREE = "mine free"  # this run's token, not finished, released
+    HANDED_OFF = "handed off"  # held by the earlier attempt that sent this copy (its hand-off token)
+    SAME_TASK = "same task"  # another run of this task id holds the key
+    SAME_TASK_DONE = "same task done"  # another run of this task id finished the key
+    OTHER_TASK = "other task"  # a run of another task id holds the key
+    OTHER_TASK_DONE = "other task done"  # a run of another task id finished the key
+    FREE = "free"  # not finished, nobody holds it, not this run's token (e.g. an admin release)
+
+
+class Action(enum.Enum):
+    RUN = "run"  # run the body
+    COMPLETE = "complete"  # store the result with the token
+    SUCCEED = "succeed"  # return the body's result (stored by the completion)
+    RETURN_STORED = "return stored"  # return the key's stored result without running the body
+    ABSORB = "absorb"  # a duplicate whose result was already delivered: end quietly (Ignore)
+    ABSORB_LATER = "absorb later"  # a duplicate of a running copy: send again later in case it dies
+    TAKE_BACK = "take back"  # release the hand-off lease of the attempt that sent us, acquire again
+    ACQUIRE_AGAIN = "acquire again"  # the key changed between the acquire and the read
+    BUSY = "busy"  # another task holds the key: fence_on_busy decides
+    WAIT_OUT = "wait out"  # the store did not answer the acquire: come back later (nothing ran)
+    FAIL = "fail"  # roll back, release the lease, let the exception take Celery's course
+    READ = "read"  # read the key's state, then decide again
+    CALL_AGAIN = "call again"  # repeat the completion (it did not commit; the token is still ours)
+    REQUEUE = "requeue"  # send the run again (same id), hand the lease to the copy
+    REFUSE_IGNORE = "refuse, ignore"  # refused: a newer run of this task id owns the key
+    REFUSE_REQUEUE = "refuse, requeue"  # refused, but nobody took over: run again
+    REFUSE_WINNER = "refuse, winner's result"  # refused: another task id finished the key
+    REFUSE_SUPERSEDED = "refuse, superseded"  # refused: another task id holds the key
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What :func:`decide` needs besides the event and the view."""
+
+    event: Event
+    view: View = View.UNREAD
+    joined: bool = False  # the run's writes were in its transaction: an uncommitted completion undid them
+    delivered: bool = False  # the result backend already has SUCCESS for this task id
+    deadline_passed: bool = False  # the run's local deadline passed: stop calling the store again
+    read_failed: bool = False  # the store did not answer the read of the key
+
+
+# The answer for the events that never need a read.
+_WITHOUT_READ = {
+    Event.ACQUIRED: Action.RUN,
+    Event.ACQUIRE_UNKNOWN: Action.WAIT_OUT,
+    Event.RETURNED: Action.COMPLETE,
+    Event.RAISED: Action.FAIL,
+    Event.BODY_UNKNOWN: Action.REQUEUE,  # nothing of a failed transaction committed; a step did or not
+    Event.COMPLETED: Action.SUCCEED,
+}
+
+# A run refused (by the renewer, a fenced write, or its completion) ends by who has the key now.
+_REFUSED = {
+    View.UNREAD: Action.REQUEUE,  # unreadable: the copy will tell (the key done, or taken back)
+    View.GONE: Action.REQUEUE,
+    View.MINE_DONE: Action.RETURN_STORED,  # our own completion committed earlier
+    View.MINE_HELD: Action.REFUSE_REQUEUE,  # the lease only lapsed: nobody took over
+    View.MINE_FREE: Action.REFUSE_REQUEUE,
+    View.HANDED_OFF: Action.REFUSE_REQUEUE,
+    View.FREE: Action.REFUSE_REQUEUE,  # an admin release: nobody holds it, the work is still to do
+    View.SAME_TASK: Action.REFUSE_IGNORE,  # the newer copy of this task id delivers the result
+    View.SAME_TASK_DONE: Action.REFUSE_IGNORE,
+    View.OTHER_TASK: Action.REFUSE_SUPERSEDED,
+    View.OTHER_TASK_DONE: Action.REFUSE_WINNER,
+}
+
+
+def decide(facts: Facts) -> Action:
+    """The next action of a run: a total function of :class:`Facts` (every combination has an answer)."""
+    event, view = facts.event, facts.view
+    if event in _WITHOUT_READ:
+        return _WITHOUT_READ[event]
+    if view is View.UNREAD and not facts.read_failed:
+        return Action.READ
+    if event is Event.FINISHED:
+        return _finished(facts)
+    if event is Event.HELD:
+        return _held(view)
+    if event is Event.REFUSED:
+        return _REFUSED[view]
+    return _completion(facts)  # COMPLETE_REFUSED or COMPLETE_UNKNOWN
+
+
+def _finished(facts: Facts) -> Action:
+    if facts.view is View.UNREAD:  # unreadable: return what the acquire said (links may fire again)
+        return Action.RETURN_STORED
+    if facts.view in (View.SAME_TASK_DONE, View.MINE_DONE):  # a copy of this very task id
+        return Action.ABSORB if facts.delivered else Action.RETURN_STORED
+    if facts.view is View.OTHER_TASK_DONE:
+        return Action.RETURN_STORED  # the winner's result is this task id's result too
+    return Action.ACQUIRE_AGAIN  # pruned meanwhile
+
+
+def _held(view: View) -> Action:
+    if view is View.UNREAD:  # unreadable: whoever holds it, fence_on_busy decides
+        return Action.BUSY
+    if view is View.HANDED_OFF:
+        return Action.TAKE_BACK
+    if view is View.SAME_TASK:
+        return Action.ABSORB_LATER
+    if view is View.OTHER_TASK:
+        return Action.BUSY
+    return Action.ACQUIRE_AGAIN  # released, finished or pruned between the acquire and the read
+
+
+def _completion(facts: Facts) -> Action:
+    view = facts.view
+    if view is View.UNREAD:  # unreadable: read again until the deadline, then let the copy find out
+        return Action.REQUEUE if facts.deadline_passed else Action.READ
+    if view is View.MINE_DONE:
+        return Action.RETURN_STORED  # committed; only the reply was lost
+    if view is View.MINE_HELD and facts.event is Event.COMPLETE_UNKNOWN:
+        # Not committed. A joined transaction rolled back with it: run again. Else the token is ours.
+        if facts.joined or facts.deadline_passed:
+            return Action.REQUEUE
+        return Action.CALL_AGAIN
+    return _REFUSED[view]
+
+
+def view_of(
+    state: LeaseState | None, token: int, task_id: str, handoff: int | None = None
+) -> View:
+    """Classify ``state`` for the run holding (or having asked for) ``token`` as task ``task_id``.
+
+    ``handoff`` is the token of the attempt that re-queued this copy (its message header), if any.
+    """
+    if state is None:
+        return View.GONE
+    if state.token == token:
+        return _mine(state)
+    if handoff is not None and state.token == handoff and not state.done and state.expires_in is not None:
+        return View.HANDED_OFF
+    same = _task_id(state.run) == task_id
+    if state.done:
+        return View.SAME_TASK_DONE if same else View.OTHER_TASK_DONE
+    if state.expires_in is None:
+        return View.FREE
+    return View.SAME_TASK if same else View.OTHER_TASK
+
+
+def _mine(state: LeaseState) -> View:
+    if state.done:
+        return View.MINE_DONE
+    return View.MINE_HELD if state.expires_in is not None else View.MINE_FREE
+
+
+def _task_id(run: Mapping[str, Any] | None) -> str | None:
+    return None if not run else run.get("id")

@@ -1,0 +1,141 @@
+"""A run's fenced transaction on the SQL store: opened at the run's first ``transaction()``, committed
+together with the run's completion, rolled back otherwise (DESIGN.md §1, §3).
+
+The lease row is checked and locked at the start (the guard: a row lock, so no takeover can slip in before
+the commit) and stays locked until the transaction ends. Each ``transaction()`` block after the first runs
+in a savepoint, so an exception inside a block undoes that block only, as a block on its own would. The
+connection refuses ``commit()`` and ``rollback()`` from the caller: either would end the run's transaction
+apart from its completion. On PostgreSQL the session's ``idle_in_transaction_session_timeout`` is the lease
+ttl, so a paused holder blocks a takeover for at most one ttl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, event
+from sqlalchemy.exc import DBAPIError
+
+from .. import codec
+from ..errors import StaleToken, StoreUnavailable, UsageError
+from ..failpoints import failpoint
+from ..lease import Lease
+from .sql_engine import translate_errors, user_statement_errors
+
+if TYPE_CHECKING:
+    from .sql import SQLStore
+
+__all__ = ["RunTransaction"]
+
+_HAND_MADE = (
+    "the run's transaction commits with its completion: do not call {what}() on the connection of "
+    "self.fence.transaction(); to commit part of the work on its own, use self.fence.atomic_step()"
+)
+
+
+class RunTransaction:
+    """One run's open transaction on the store's database (see the module docstring)."""
+
+    def __init__(self, store: SQLStore, lease: Lease, ttl: float, step: str | None = None) -> None:
+        self.store, self.lease = store, lease
+        self._ours = False  # set while this class itself commits or rolls back
+        self._blocks = 0
+        self.lost_work = False  # it ended with earlier blocks' writes undone: the run cannot go on
+        self.conn = self._begin(ttl, step)
+
+    @property
+    def open(self) -> bool:
+        return self.conn is not None
+
+    @contextmanager
+    def block(self) -> Iterator[Connection]:
+        """One ``transaction()`` block: the caller's statements, undone alone if the block raises."""
+        conn = self._usable()
+        savepoint = conn.begin_nested() if self._blocks else None
+        self._blocks += 1
+        try:
+            with user_statement_errors(self.store.url):
+                yield conn
+        except BaseException:
+            self._undo_block(savepoint)
+            raise
+        if savepoint is not None:
+            with translate_errors(self.store.url):
+                savepoint.commit()
+
+    def complete(self, result: Any) -> None:
+        """Store the result, mark the key done and release the lease in this transaction, then commit.
+
+        ``StoreUnavailable`` means the outcome is unknown (the commit may have happened): read the key.
+        """
+        conn = self._usable()
+        params = self.store.event_params(self.lease, "complete", result=codec.dumps(result))
+        try:
+            with translate_errors(self.store.url):
+                if conn.execute(self.store.q.complete, params).first() is None:  # not while we hold the lock
+                    raise StaleToken(self.lease.key, self.lease.token, None, "complete")
+                failpoint("before-commit")
+                self._ours = True
+                conn.commit()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """End the transaction; whatever was not committed is rolled back. Idempotent."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            self._ours = True
+            with contextlib.suppress(DBAPIError):  # a connection the server ended rolled back there
+                conn.close()
+
+    # -- internals --
+
+    def _begin(self, ttl: float, step: str | None) -> Connection | None:
+        store = self.store
+        with translate_errors(store.url):
+            conn = store.engine.connect()
+            try:
+                conn.begin()
+                if store.dialect == "postgresql":  # a paused holder blocks a takeover for one ttl at most
+                    ms = max(1, int(ttl * 1000))
+                    conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {ms}")
+                current = store.guard(conn, self.lease, "step" if step else "write", step)
+            except BaseException:
+                conn.close()
+                raise
+        if not current:
+            conn.close()
+            store.refuse_now(self.lease, f"step {step}" if step else "write")
+        event.listen(conn, "commit", self._refuse_hand_made("commit"))
+        event.listen(conn, "rollback", self._refuse_hand_made("rollback"))
+        failpoint("after-guard")
+        return conn
+
+    def _refuse_hand_made(self, what: str) -> Any:
+        def listener(_conn: Connection) -> None:
+            if not self._ours:
+                raise UsageError(_HAND_MADE.format(what=what))
+
+        return listener
+
+    def _usable(self) -> Connection:
+        if self.conn is None:
+            raise StoreUnavailable(
+                f"the run's transaction on {self.store.safe_url} ended before its completion (its "
+                "connection was lost or an error rolled it back): nothing of it was committed"
+            )
+        return self.conn
+
+    def _undo_block(self, savepoint: Any) -> None:
+        """Roll back the failed block: to its savepoint, or (the first block) the whole transaction."""
+        if savepoint is not None and self.conn is not None and not self.conn.invalidated:
+            try:
+                savepoint.rollback()
+                return
+            except DBAPIError:
+                pass
+        self.lost_work = self._blocks > 1
+        self.close()
