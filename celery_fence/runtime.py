@@ -10,6 +10,7 @@ import os
 import threading
 from typing import Any
 
+from ._indeterminate import IndeterminateStore, faults_from_env
 from .config import FenceConfig
 from .interrupt import Interrupter
 from .lease import OwnerNames
@@ -40,7 +41,7 @@ class FenceRuntime:
         if self._store is None:
             with self._lock:
                 if self._store is None:
-                    self._store = open_store(self.config.store_url)
+                    self._store = _with_injected_faults(open_store(self.config.store_url))
         return self._store
 
     @property
@@ -57,6 +58,15 @@ class FenceRuntime:
             self._renewer.stop()
         if self._store is not None:
             self._store.close()
+
+
+def _with_injected_faults(store: Store) -> Store:
+    """The fault kit's indeterminate outcomes, when a test asks for them (``CELERY_FENCE_STORE_FAULTS``)."""
+    faults = faults_from_env()
+    if not faults:
+        return store
+    wrapped: Store = IndeterminateStore(store, faults)  # delegates what it does not wrap
+    return wrapped
 
 
 def runtime_for(app: Any) -> FenceRuntime:

@@ -45,11 +45,15 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from ._faults import Proxy, Worker, wait_for
+from ._indeterminate import Fault, IndeterminateStore, Outcome
 from .stores.base import Store
 from .verify import verify_store
 
 __all__ = [
     "FakeClock",
+    "Fault",
+    "IndeterminateStore",
+    "Outcome",
     "ProxyFactory",
     "StoreProxy",
     "Worker",

@@ -80,7 +80,8 @@ class MemoryStore:
                 row = self._current(lease)
                 if row is None:
                     lost.append(lease)
-                    self._log(lease.key, "renew-failed", lease.token, lease.owner, now)
+                    if not self._finished_by(lease):  # its own completion won the race: no failure
+                        self._log(lease.key, "renew-failed", lease.token, lease.owner, now)
                 else:
                     row.expires_at = now + ttl
         return lost
@@ -208,6 +209,10 @@ class MemoryStore:
         row = self._rows.get(lease.key)
         live = row is not None and row.token == lease.token and not row.done
         return row if live and row is not None and row.expires_at is not None else None
+
+    def _finished_by(self, lease: Lease) -> bool:
+        row = self._rows.get(lease.key)
+        return row is not None and row.done and row.token == lease.token
 
     def _require_current(self, lease: Lease, what: str) -> _Row:
         row = self._current(lease)

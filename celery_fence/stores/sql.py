@@ -123,7 +123,8 @@ class SQLStore:
         lost = [lease for lease in leases if (lease.key, lease.token) not in kept]
         if lost:
             with self._one() as conn:
-                conn.execute(self.q.log, [self.event_params(lease, "renew-failed") for lease in lost])
+                failed = [self.event_params(lease, "renew-failed") for lease in lost]
+                conn.execute(self.q.log_renew_failed, failed)
         return lost
 
     def complete(self, lease: Lease, result: Any) -> None:

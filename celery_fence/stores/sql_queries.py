@@ -66,6 +66,7 @@ class Queries:
     insert_step: TextClause
     steps: TextClause
     log: TextClause
+    log_renew_failed: TextClause
     current_token: TextClause
     history: TextClause
     history_all: TextClause
@@ -119,6 +120,13 @@ def queries_for(dialect_name: str) -> Queries:
         log=text(f"""
             INSERT INTO fence_history (key, at, event, token, owner, detail)
             VALUES (:key, {d.now}, :event, :token, :owner, :detail)"""),
+        # A renew that lost the race with its own run's completion is no failure: not logged.
+        log_renew_failed=text(f"""
+            INSERT INTO fence_history (key, at, event, token, owner, detail)
+            SELECT CAST(:key AS VARCHAR), {d.now}, 'renew-failed', CAST(:token AS BIGINT),
+              CAST(:owner AS VARCHAR), NULL
+            WHERE NOT EXISTS (SELECT 1 FROM fence_leases
+              WHERE key = CAST(:key AS VARCHAR) AND token = CAST(:token AS BIGINT) AND done)"""),
         current_token=text("SELECT token FROM fence_leases WHERE key = :key"),
         history=text(
             "SELECT key, at, event, token, owner, detail FROM fence_history WHERE key = :key ORDER BY id"

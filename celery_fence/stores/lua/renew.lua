@@ -14,7 +14,10 @@ for i = 1, (#KEYS - 4) / 2 do
     redis.call('ZADD', KEYS[4], exp, key)
   else
     lost[#lost + 1] = i
-    log(KEYS[2 * i + 4], KEYS[1], at, key, 'renew-failed', token, ARGV[3 * i + 1])
+    local h = redis.call('HMGET', KEYS[2 * i + 3], 'token', 'done')
+    if not (h[2] == '1' and h[1] == token) then -- its own completion won the race: no failure
+      log(KEYS[2 * i + 4], KEYS[1], at, key, 'renew-failed', token, ARGV[3 * i + 1])
+    end
   end
 end
 witness(KEYS[2], KEYS[3], highest)

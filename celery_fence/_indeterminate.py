@@ -1,0 +1,130 @@
+"""Indeterminate outcomes as a fault: a store wrapper whose chosen calls fail before the store acts, act and
+lose their reply, or act late (after the run's lease expired) and lose their reply.
+
+Every store call has three results and a client cannot tell the last two apart (Jepsen's ``:info``);
+``IndeterminateStore`` makes each of them happen at a chosen call of a run, so a test can enumerate every
+call position x outcome and check that each leaves one effect per key and no lost work. A run's
+transaction (``begin_run``) is wrapped too: its ``commit`` is a call like the others.
+
+In a worker process it is switched on by the environment variable ``CELERY_FENCE_STORE_FAULTS``: a JSON list
+of faults, e.g. ``[{"method": "complete", "nth": 1, "outcome": "lost"}]`` (the first completion of each
+pool process commits and loses its reply).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import FenceError, InvalidArgument, StoreUnavailable
+
+__all__ = ["CALLS", "ENV", "Fault", "IndeterminateStore", "Outcome", "faults_from_env"]
+
+ENV = "CELERY_FENCE_STORE_FAULTS"
+CALLS = ("acquire", "renew", "complete", "release", "save_step", "steps", "refuse", "get", "begin_run")
+
+
+class Outcome(str, enum.Enum):
+    BEFORE = "before"  # failed before the store acted (refused connection, error before commit)
+    LOST = "lost"  # the store acted (committed), then the reply was lost
+    LATE = "late"  # the call arrived after the run's lease expired, acted, and its reply was lost
+
+
+@dataclass
+class Fault:
+    """Hit the ``nth`` call of ``method`` (any call if ``None``), counted from the wrapper's creation."""
+
+    outcome: Outcome
+    method: str | None = None
+    nth: int = 1
+
+    def __post_init__(self) -> None:
+        self.outcome = Outcome(self.outcome)
+        if self.method is not None and self.method not in (*CALLS, "commit"):
+            raise InvalidArgument(f"unknown store call {self.method!r}: one of {(*CALLS, 'commit')}")
+
+
+def faults_from_env() -> list[Fault] | None:
+    text = os.environ.get(ENV)
+    return None if not text else [Fault(**item) for item in json.loads(text)]
+
+
+class IndeterminateStore:
+    """Wraps ``store``; ``faults`` say which calls misbehave (each fires once). ``expire(key)`` moves the
+    key's stored expiry into the past, for ``LATE``. ``calls`` lists every call made, in order."""
+
+    def __init__(
+        self,
+        store: Any,
+        faults: list[Fault] | None = None,
+        expire: Callable[[str], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.faults = list(faults or [])
+        self.expire = expire
+        self.calls: list[str] = []
+        self.hits: list[tuple[int, str, Outcome]] = []  # (call number, method, outcome) that fired
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.store, name)
+        if name not in CALLS:
+            return attr
+        return lambda *args, **kwargs: self.call(name, attr, args, kwargs)
+
+    def call(self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        outcome = self._due(name)
+        if outcome is None:
+            result = fn(*args, **kwargs)
+            return _Transaction(self, result) if name == "begin_run" else result
+        if outcome is Outcome.BEFORE:
+            raise StoreUnavailable(f"injected: {name} failed before the store acted")
+        if outcome is Outcome.LATE and self.expire is not None and args:
+            self.expire(getattr(args[0], "key", args[0]))
+        try:
+            result = fn(*args, **kwargs)
+        except FenceError:
+            pass  # the store's answer (held, stale, ...) is lost all the same
+        else:
+            if name == "begin_run":  # the session died with its reply: its transaction rolled back
+                result.close()
+        raise StoreUnavailable(f"injected: {name} acted at the store, then its reply was lost")
+
+    def _due(self, name: str) -> Outcome | None:
+        with self._lock:
+            self.calls.append(name)
+            number = len(self.calls)
+            count = self.calls.count(name)
+            for fault in self.faults:
+                at = number if fault.method is None else count
+                if (fault.method in (None, name)) and at == fault.nth:
+                    self.faults.remove(fault)
+                    self.hits.append((number, name, fault.outcome))
+                    return fault.outcome
+        return None
+
+
+class _Transaction:
+    """A run's transaction whose ``complete`` (the commit) is a faultable call named ``commit``."""
+
+    def __init__(self, owner: IndeterminateStore, tx: Any) -> None:
+        self._owner, self._tx = owner, tx
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tx, name)
+
+    def complete(self, result: Any) -> None:
+        outcome = self._owner._due("commit")
+        if outcome is None:
+            self._tx.complete(result)
+            return
+        if outcome is Outcome.BEFORE:
+            self._tx.close()  # nothing reached the server; the session ends, rolling back
+            raise StoreUnavailable("injected: commit failed before the store acted")
+        self._tx.complete(result)  # the row is locked by this transaction: LATE is the same as LOST
+        raise StoreUnavailable("injected: commit acted at the store, then its reply was lost")

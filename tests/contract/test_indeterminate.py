@@ -1,0 +1,125 @@
+"""Indeterminate outcomes at every store call of a run, on every store (issue: exactly once per key).
+
+A clean run is recorded first (its store calls in order); then, for every call position and every outcome
+(failed before the store acted, acted with the reply lost, acted late with the reply lost), a fresh key
+runs with that one call misbehaving, and again with the next call misbehaving too (the calls of the way
+out: a release, a read). Each ends checked: the caller gets SUCCESS with the right result, the key has one
+committed effect, the work ran to the end, ``verify`` is clean, and the history holds no refusal (no run
+but this one's attempts ever held the key). Runs go through Celery's in-process worker (solo pool, memory
+broker): a re-queued copy is a real message.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from sqlalchemy import text
+
+from celery_fence import FencedTask
+from celery_fence.runtime import runtime_for
+from celery_fence.stores.memory import MemoryStore
+from celery_fence.stores.sql import SQLStore
+from celery_fence.testing import Fault, IndeterminateStore, Outcome
+from celery_fence.verify import verify_store
+
+from .harness import Harness
+
+STORES = ("memory", "sqlite", "postgresql", "redis")
+EFFECTS = "fence_test_effects"
+
+
+@pytest.fixture(params=STORES)
+def harness(request: pytest.FixtureRequest) -> Harness:
+    from .harness import HARNESSES
+
+    return HARNESSES[request.param]
+
+
+def _expire_one(store: Any, harness: Harness) -> Any:
+    def expire(_key: str) -> None:  # every live lease of this test's store: one run at a time here
+        harness.expire_all(store)
+
+    return expire
+
+
+@pytest.fixture
+def app(store: Any, harness: Harness) -> Iterator[Celery]:
+    app = Celery("indeterminate", broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.update(fence_store_url=store.url, task_acks_late=True, fence_lease_ttl=3.0,
+                    fence_renew_interval=0.3)
+    app.conf.broker_transport_options = {"polling_interval": 0.01}
+    sql = isinstance(store, SQLStore)
+    if sql:
+        with store.engine.begin() as conn:
+            conn.execute(text(f"CREATE TABLE IF NOT EXISTS {EFFECTS} (key TEXT, token BIGINT)"))
+
+    @app.task(base=FencedTask, bind=True, fence_key="order:{n}", name="indeterminate.pipeline", shared=False)
+    def pipeline(self: Any, n: int) -> int:
+        value: int = self.fence.step("prepare", lambda: n * 10)
+        if sql:
+            with self.fence.transaction() as conn:
+                conn.execute(text(f"INSERT INTO {EFFECTS} VALUES (:k, :t)"), {"k": f"order:{n}", "t": 0})
+        return value + 1
+
+    runtime = runtime_for(app)
+    runtime._store = IndeterminateStore(store, expire=_expire_one(store, harness))
+    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+        yield app
+    runtime._store = None  # the harness closes the store itself
+    runtime.close()
+    if sql:
+        with store.engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {EFFECTS}"))
+
+
+def _run(app: Celery, n: int, faults: list[Fault]) -> list[str]:
+    wrapped: IndeterminateStore = runtime_for(app).store  # type: ignore[assignment]
+    wrapped.calls.clear()
+    wrapped.faults = list(faults)
+    result = app.tasks["indeterminate.pipeline"].delay(n)
+    assert result.get(timeout=60) == n * 10 + 1, faults
+    assert result.state == "SUCCESS"
+    assert not wrapped.faults, f"a fault never fired: {wrapped.faults} (calls {wrapped.calls})"
+    return list(wrapped.calls)
+
+
+def _check(store: Any, n: int, faults: list[Fault]) -> None:
+    key = f"order:{n}"
+    state = store.get(key)
+    assert state is not None and state.done and state.result == n * 10 + 1, (faults, state)
+    assert store.steps(key) == {"prepare": n * 10}
+    assert verify_store(store, key) == [], faults
+    events = [e.event for e in store.history(key)]
+    assert "refused" not in events and "renew-failed" not in events, (faults, events)
+    assert events.count("complete") == 1, (faults, events)
+    if isinstance(store, SQLStore):
+        with store.engine.connect() as conn:
+            count = conn.execute(text(f"SELECT count(*) FROM {EFFECTS} WHERE key = :k"), {"k": key})
+            assert count.scalar() == 1, (faults, events)
+        assert events.count("write") == 1, (faults, events)
+
+
+@pytest.mark.timeout(600)
+def test_every_call_position_and_outcome_leaves_one_effect_and_no_lost_work(
+    app: Celery, store: Any, harness: Harness
+) -> None:
+    clean = _run(app, 0, [])
+    _check(store, 0, [])
+    outcomes = list(Outcome)
+    if isinstance(store, MemoryStore):  # its clock is the harness's: LATE moves it for everyone
+        outcomes = [Outcome.BEFORE, Outcome.LOST]
+    cases = [[Fault(o, nth=i)] for i in range(1, len(clean) + 1) for o in outcomes]
+    # ... and a second fault on the call right after the first: the way out (a release, a read) fails too.
+    cases += [
+        [Fault(o1, nth=i), Fault(o2, nth=i + 1)]
+        for i in range(1, len(clean) + 1)
+        for o1, o2 in itertools.product((Outcome.BEFORE, Outcome.LOST), repeat=2)
+    ]
+    for n, faults in enumerate(cases, start=1):
+        _run(app, n, faults)
+        _check(store, n, faults)

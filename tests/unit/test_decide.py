@@ -1,0 +1,168 @@
+"""The run's decision table, exhaustively: every event x every view x every fact, with no worker.
+
+Each property below is a promise of DESIGN.md §1/§3 stated over the whole table, so a row that breaks it
+fails here whatever its place; the named rows after them are the cases a review found broken.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from celery_fence.decide import Action, Event, Facts, View, decide, view_of
+from celery_fence.lease import LeaseState
+
+# After the body: the events whose meaning depends on the key's state (BODY_UNKNOWN never does: nothing of a
+# failed transaction committed, so it always runs again and the copy reads the key).
+BODY_OR_LATER = {Event.REFUSED, Event.COMPLETE_REFUSED, Event.COMPLETE_UNKNOWN}
+ENDS_THE_RUN_AGAIN = {Action.REQUEUE, Action.REFUSE_REQUEUE}
+REFUSALS = {
+    Action.REFUSE_IGNORE,
+    Action.REFUSE_REQUEUE,
+    Action.REFUSE_WINNER,
+    Action.REFUSE_SUPERSEDED,
+}
+FLAGS = list(itertools.product([False, True], repeat=4))
+
+
+def every_facts() -> list[Facts]:
+    return [
+        Facts(event, view, joined, delivered, deadline, read_failed)
+        for event in Event
+        for view in View
+        for joined, delivered, deadline, read_failed in FLAGS
+    ]
+
+
+ALL = every_facts()
+
+
+def test_the_table_is_total() -> None:
+    for facts in ALL:
+        assert isinstance(decide(facts), Action), facts
+
+
+def test_a_run_reads_the_key_before_it_judges_an_ambiguous_outcome() -> None:
+    for facts in ALL:
+        needs_read = facts.event not in (
+            Event.ACQUIRED,
+            Event.ACQUIRE_UNKNOWN,
+            Event.RETURNED,
+            Event.RAISED,
+            Event.BODY_UNKNOWN,
+            Event.COMPLETED,
+        )
+        if needs_read and facts.view is View.UNREAD and not facts.read_failed:
+            assert decide(facts) is Action.READ, facts
+
+
+def test_only_an_answered_completion_succeeds_with_the_bodys_own_result() -> None:
+    for facts in ALL:
+        if decide(facts) is Action.SUCCEED:
+            assert facts.event is Event.COMPLETED, facts
+
+
+def test_work_whose_completion_committed_is_never_run_again_nor_refused() -> None:
+    """A committed completion whose reply was lost ends SUCCESS with its result (review point 2)."""
+    for facts in ALL:
+        if facts.view is View.MINE_DONE and facts.event in BODY_OR_LATER:
+            assert decide(facts) is Action.RETURN_STORED, facts
+
+
+def test_no_work_is_dropped_while_nobody_else_has_the_key() -> None:
+    """Whenever the store shows no other run holding or having finished the key, the run ends by running
+    again (or repeating its completion), never by a quiet Ignore."""
+    nobody_else = {View.MINE_HELD, View.MINE_FREE, View.FREE, View.GONE, View.HANDED_OFF}
+    for facts in ALL:
+        if facts.event in BODY_OR_LATER and facts.view in nobody_else:
+            assert decide(facts) in ENDS_THE_RUN_AGAIN | {Action.CALL_AGAIN}, facts
+
+
+def test_an_unreadable_key_after_the_body_is_sent_again_never_guessed() -> None:
+    for facts in ALL:
+        if facts.event in BODY_OR_LATER and facts.view is View.UNREAD and facts.read_failed:
+            again = facts.deadline_passed or facts.event is Event.REFUSED
+            expected = {Action.REQUEUE} if again else {Action.READ}
+            assert decide(facts) in expected, facts
+
+
+def test_a_completion_is_repeated_only_on_its_own_unfinished_token_outside_a_transaction() -> None:
+    """A joined transaction rolled back with an uncommitted completion: repeating the completion would
+    commit a result without the writes, so the run runs again instead."""
+    for facts in ALL:
+        if decide(facts) is Action.CALL_AGAIN:
+            assert facts.event is Event.COMPLETE_UNKNOWN and facts.view is View.MINE_HELD, facts
+            assert not facts.joined and not facts.deadline_passed, facts
+
+
+def test_a_refusal_is_only_ever_about_someone_else() -> None:
+    for facts in ALL:
+        action = decide(facts)
+        if action in {Action.REFUSE_IGNORE, Action.REFUSE_WINNER, Action.REFUSE_SUPERSEDED}:
+            assert facts.view in {
+                View.SAME_TASK,
+                View.SAME_TASK_DONE,
+                View.OTHER_TASK,
+                View.OTHER_TASK_DONE,
+            }, facts
+
+
+def test_a_task_id_that_lost_its_key_to_another_ends_ready() -> None:
+    """DESIGN.md §3: the winner's result once the key is done, else a FenceError naming the winner."""
+    for event in (Event.REFUSED, Event.COMPLETE_REFUSED, Event.COMPLETE_UNKNOWN):
+        assert decide(Facts(event, View.OTHER_TASK_DONE)) is Action.REFUSE_WINNER
+        assert decide(Facts(event, View.OTHER_TASK)) is Action.REFUSE_SUPERSEDED
+
+
+def test_a_duplicate_of_a_delivered_result_does_not_deliver_it_again() -> None:
+    """Canvas: Celery sends a task's callbacks before it stores SUCCESS; a copy that finds SUCCESS stored
+    must not send the chain's next task or count a chord part again."""
+    assert decide(Facts(Event.FINISHED, View.SAME_TASK_DONE, delivered=True)) is Action.ABSORB
+    assert decide(Facts(Event.FINISHED, View.SAME_TASK_DONE)) is Action.RETURN_STORED
+    assert decide(Facts(Event.FINISHED, View.OTHER_TASK_DONE, delivered=True)) is Action.RETURN_STORED
+
+
+@pytest.mark.parametrize(
+    ("facts", "action"),
+    [
+        (Facts(Event.HELD, View.HANDED_OFF), Action.TAKE_BACK),  # review point 3
+        (Facts(Event.HELD, View.SAME_TASK), Action.ABSORB_LATER),  # a copy, whatever the key
+        (Facts(Event.HELD, View.OTHER_TASK), Action.BUSY),
+        (Facts(Event.HELD, View.FREE), Action.ACQUIRE_AGAIN),
+        (Facts(Event.REFUSED, View.FREE), Action.REFUSE_REQUEUE),  # an admin release: redo the work
+        (Facts(Event.REFUSED, View.MINE_HELD), Action.REFUSE_REQUEUE),  # only lapsed
+        (Facts(Event.COMPLETE_UNKNOWN, View.MINE_HELD), Action.CALL_AGAIN),
+        (Facts(Event.COMPLETE_UNKNOWN, View.MINE_HELD, joined=True), Action.REQUEUE),
+        (Facts(Event.COMPLETE_UNKNOWN, View.MINE_DONE, joined=True), Action.RETURN_STORED),
+        (Facts(Event.BODY_UNKNOWN), Action.REQUEUE),
+        (Facts(Event.RAISED), Action.FAIL),
+    ],
+)
+def test_named_rows(facts: Facts, action: Action) -> None:
+    assert decide(facts) is action
+
+
+def state(token: int, *, done: bool = False, held: bool = True, task: str | None = "t") -> LeaseState:
+    run = None if task is None else {"id": task}
+    return LeaseState("k", token, "o", 1.0 if held else None, done, None, None, run)
+
+
+@pytest.mark.parametrize(
+    ("seen", "view"),
+    [
+        (None, View.GONE),
+        (state(5, done=True, held=False), View.MINE_DONE),
+        (state(5), View.MINE_HELD),
+        (state(5, held=False), View.MINE_FREE),
+        (state(4), View.HANDED_OFF),
+        (state(4, done=True, held=False), View.SAME_TASK_DONE),
+        (state(6), View.SAME_TASK),
+        (state(6, task="other"), View.OTHER_TASK),
+        (state(6, done=True, held=False, task="other"), View.OTHER_TASK_DONE),
+        (state(6, held=False, task=None), View.FREE),
+        (state(6, task=None), View.OTHER_TASK),  # a holder that recorded nothing is not us
+    ],
+)
+def test_view_of(seen: LeaseState | None, view: View) -> None:
+    assert view_of(seen, token=5, task_id="t", handoff=4) is view
