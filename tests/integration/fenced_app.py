@@ -153,3 +153,23 @@ def chaos(self: Any, item: Any, pause: float = 0.0, hold: bool = False) -> dict[
         written = fence.step("ledger", _ledger_guarded, fence.key, fence.token)
     mark(self, "wrote")
     return {"item": item, "ledger": written, "token": fence.token, "pid": os.getpid()}
+
+
+# Issue "exactly once per key", point 1: the writes of transaction() commit with the completion, so an
+# attempt that wrote and then retried, raised, was killed or returned what cannot be stored leaves none.
+@app.task(base=FencedTask, bind=True, max_retries=3, autoretry_for=(RuntimeError,), default_retry_delay=0)
+def write_then(self: Any, item: Any, how: str, pause: float = 0.0) -> Any:
+    fence, run = self.fence, {"id": self.request.id, "pid": os.getpid()}
+    with fence.transaction() as conn:
+        conn.execute(INSERT, {"k": fence.key, "t": fence.token, **run})
+    mark(self, f"wrote-{self.request.retries}")  # one mark per attempt, also in one pool process
+    first_run = self.request.retries == 0 and len(list(MARKS.glob(f"{self.request.id}.*.wrote-0"))) == 1
+    if first_run and how == "retry":
+        raise self.retry(countdown=0)
+    if first_run and how == "raise":
+        raise RuntimeError("the first attempt fails after its write")
+    if first_run and how == "pause":
+        time.sleep(pause)  # the test kills the worker here
+    if how == "unserializable":
+        return {item}  # a set: JSON cannot carry it, so the completion (and the write) never commits
+    return {"item": item, "token": fence.token}
