@@ -31,7 +31,6 @@ from .errors import (
     FenceError,
     LeaseHeld,
     LeaseLost,
-    NotSerializable,
     StaleToken,
     StoreUnavailable,
 )
@@ -40,6 +39,7 @@ from .failpoints import failpoint
 from .fence import Fence
 from .keys import derive_key
 from .lease import Lease
+from .runinfo import run_info
 from .runtime import FenceRuntime, runtime_for
 from .signals import (
     lease_acquired,
@@ -277,17 +277,4 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             return None
 
     def _run_info(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> codec.Encoded:
-        """What recovery needs to send this run again (arguments only if JSON can carry them), encoded
-        once here: the store keeps this text instead of encoding the run a second time."""
-        request = self.request
-        info: dict[str, Any] = {"task": self.name, "id": request.id, "args": list(args), "kwargs": kwargs}
-        queue = (request.delivery_info or {}).get("routing_key")
-        if queue:
-            info["queue"] = queue
-        if getattr(request, "fence_key", None) is not None:
-            info["fence_key"] = request.fence_key
-        try:
-            return codec.Encoded(info)
-        except NotSerializable:
-            info.update(args=None, kwargs=None)
-            return codec.Encoded(info)
+        return run_info(self, self.request, args, kwargs)  # what recovery needs to send this run again
