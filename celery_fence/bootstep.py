@@ -13,7 +13,7 @@ from celery import bootsteps
 
 from .config import metrics_addr, metrics_port
 from .metrics import FenceMetrics, prepare_multiprocess, serve_metrics
-from .recovery import recover_abandoned
+from .recovery import load_tasks, recover_abandoned
 from .runtime import runtime_for
 from .stores import open_store
 
@@ -73,6 +73,7 @@ class FenceRecovery(bootsteps.StartStopStep):  # type: ignore[misc]  # celery sh
         self.tref: Any = None
 
     def start(self, worker: Any) -> None:
+        load_tasks(worker.app)  # done by the worker already; cheap, and the same rule as the CLI's
         config = runtime_for(worker.app).config
         interval = self.interval or config.policy.ttl
         self.tref = worker.timer.call_repeatedly(interval, self.run, (worker,), priority=10)

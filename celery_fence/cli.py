@@ -23,7 +23,7 @@ from sqlalchemy.exc import ArgumentError
 from .bootstep import WORKER_OPTIONS
 from .errors import FenceError
 from .lease import LeaseState
-from .recovery import recover_abandoned
+from .recovery import load_tasks, recover_abandoned
 from .runtime import runtime_for
 from .stores import Store, scheme_of
 from .verify import read_store, verify
@@ -106,8 +106,10 @@ def leases(ctx: click.Context, show_all: bool) -> None:
     if not states:
         click.echo("no leases" if show_all else "no live or expired leases (--all lists every key)")
         return
-    rows = [[s.key, str(s.token), s.owner or "-", _state(s), _seconds(s.expires_in)] for s in states]
-    _table(["KEY", "TOKEN", "OWNER", "STATE", "EXPIRES_IN"], rows)
+    rows = [
+        [s.key, str(s.token), s.owner or "-", _state(s), _seconds(s.expires_in), _recovery(s)] for s in states
+    ]
+    _table(["KEY", "TOKEN", "OWNER", "STATE", "EXPIRES_IN", "RECOVERY"], rows)
 
 
 @fence.command()
@@ -214,12 +216,14 @@ def recover(ctx: click.Context, grace: float | None) -> None:
     """Send again the runs whose lease expired without completion (brokers that lost their message)."""
     app = ctx.obj.app
     with _store(ctx) as store:
+        load_tasks(app)  # as a worker does: its include, imports and autodiscovered modules
         config = runtime_for(app).config
         report = recover_abandoned(
             app, store, config.policy.ttl if grace is None else grace, config.max_recoveries
         )
     for key in report.resent:
-        click.echo(f"re-sent {key}")
+        unknown = " by name (no such task in this app: left to the workers that know it)"
+        click.echo(f"re-sent {key}{unknown if key in report.foreign else ''}")
     for key in report.dead:
         click.echo(f"gave up on {key} (marked dead; see 'celery fence show {key}')")
     click.echo(f"{_count(len(report.resent), 'run')} re-sent, {_count(len(report.dead), 'key')} marked dead")
@@ -244,6 +248,13 @@ def _state(s: LeaseState) -> str:
     if s.expires_in is None:
         return "released"
     return "live" if s.expires_in > 0 else "expired"
+
+
+def _recovery(s: LeaseState) -> str:
+    """Recovery copies: started and lost (they count against fence_max_recoveries), sent not started."""
+    parts = [f"{s.recoveries} lost"] if s.recoveries else []
+    parts += [f"{s.recovery_sent} sent, not started"] if s.recovery_sent else []
+    return ", ".join(parts) or "-"
 
 
 def _count(n: int, noun: str) -> str:

@@ -26,6 +26,7 @@ __all__ = [
     "LeaseState",
     "OwnerNames",
     "new_owner",
+    "recovery_backoff",
     "validate_key",
     "validate_ttl",
 ]
@@ -60,6 +61,8 @@ class LeaseState:
     done: bool
     result: Any = None
     dead: str | None = None
+    recoveries: int = 0  # recovery copies that started and were lost (fence_max_recoveries counts these)
+    recovery_sent: int = 0  # recovery copies sent since the last start: queued, not started (yet)
     run: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # what the holder recorded
 
 
@@ -82,7 +85,19 @@ class Abandoned:
     key: str
     token: int
     run: dict[str, Any] | None
-    recoveries: int
+    recoveries: int  # recovery copies that started and were lost
+    sent: int = 0  # recovery copies sent that have not started (yet): they count for nothing
+
+
+# After the n-th recovery copy that has not started, recovery waits this many graces before judging the
+# key again (1, 1, 2, 4 ... 32): a copy queued behind a busy pool is not re-sent over and over.
+MAX_RECOVERY_BACKOFF = 32
+
+
+def recovery_backoff(sent: int) -> int:
+    """Graces to wait after the last recovery copy when ``sent`` copies have not started. Every store
+    computes the same (SQL: a ``CASE`` over ``1 << (sent - 1)``; Lua: ``2 ^ (sent - 1)``)."""
+    return 1 if sent <= 1 else min(2 ** (sent - 1), MAX_RECOVERY_BACKOFF)
 
 
 def validate_key(key: object) -> str:

@@ -1,9 +1,21 @@
 """Broker-independent recovery: send again the runs whose lease expired without completion.
 
-Brokers that never redeliver after a crash (the filesystem broker, early acks) lose the message of a
+Brokers that never redeliver after a crash (the filesystem broker, early ack) lose the message of a
 killed run; its lease row still says what ran. Each abandoned run is claimed atomically at the store (one
-recoverer wins), then sent again with the same task id, so it takes over the key and resumes after its
-last committed step. After ``fence_max_recoveries`` attempts the key is marked dead with its reason.
+recoverer wins), then its message is sent again as it was (same task id, arguments, canvas links, headers
+and route: :mod:`celery_fence.runinfo`), so it takes over the key and resumes after its last committed step.
+
+The rules:
+
+- A copy is *sent* when claimed and *started* when it acquires the key. Only copies that started and were
+  lost again count against ``fence_max_recoveries``; after that many the key is marked dead. A copy still
+  waiting in a queue counts for nothing, and the wait before the key is judged again grows with every copy
+  that has not started (``lease.recovery_backoff``: 1, 1, 2, 4 ... 32 graces).
+- A task this process does not know is sent by name all the same: it may belong to another service's
+  workers. Only a run whose message cannot be rebuilt (its arguments were not recorded) is marked dead at
+  once, with the reason.
+- Load the app's task modules first (:func:`load_tasks`), as a worker does, so the log can say which
+  tasks are this app's own.
 """
 
 from __future__ import annotations
@@ -13,10 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .lease import Abandoned
+from .runinfo import resend_options
 from .signals import run_recovered
 from .stores.base import Store
 
-__all__ = ["RecoveryReport", "recover_abandoned"]
+__all__ = ["RecoveryReport", "load_tasks", "recover_abandoned"]
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +38,12 @@ log = logging.getLogger(__name__)
 class RecoveryReport:
     resent: list[str] = field(default_factory=list)
     dead: list[str] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)  # re-sent by name: no task of that name here
+
+
+def load_tasks(app: Any) -> None:
+    """Import the app's task modules as a worker does: ``imports``, ``include`` and autodiscovery."""
+    app.loader.import_default_modules()
 
 
 def recover_abandoned(
@@ -33,7 +52,7 @@ def recover_abandoned(
     """One pass: re-send (or give up on) every run abandoned for over ``grace`` seconds."""
     report = RecoveryReport()
     for seen in store.abandoned(grace, limit):
-        problem = _unrecoverable(app, seen)
+        problem = _unrecoverable(seen)
         attempt = store.recover(seen, 0 if problem else max_recoveries, problem or "")
         if attempt is None:
             continue  # someone took over, finished or recovered it first
@@ -41,21 +60,32 @@ def recover_abandoned(
             log.error("fence: gave up on %s: %s", seen.key, problem or f"{max_recoveries} recoveries failed")
             report.dead.append(seen.key)
             continue
-        run = seen.run or {}
-        options = {"queue": run["queue"]} if run.get("queue") else {}
-        if run.get("fence_key"):
-            options["headers"] = {"fence_key": run["fence_key"]}
-        app.send_task(run["task"], args=run["args"], kwargs=run["kwargs"], task_id=run["id"], **options)
-        log.warning("fence: re-sent abandoned run %s[%s] (attempt %d)", run["task"], run["id"], attempt)
-        run_recovered.send(sender=app, key=seen.key, task=run["task"], task_id=run["id"], attempt=attempt)
-        report.resent.append(seen.key)
+        _resend(app, seen, attempt, report)
     return report
 
 
-def _unrecoverable(app: Any, seen: Abandoned) -> str | None:
+def _resend(app: Any, seen: Abandoned, attempt: int, report: RecoveryReport) -> None:
+    run = seen.run or {}
+    app.send_task(run["task"], **resend_options(run))
+    copy = f"attempt {attempt}" if not seen.sent else f"attempt {attempt}, copy {seen.sent + 1}"
+    if run["task"] not in app.tasks:
+        log.warning(
+            "fence: re-sent abandoned run %s[%s] by name (%s): no such task in this app, so it is left to "
+            "the workers that know it",
+            run["task"],
+            run["id"],
+            copy,
+        )
+        report.foreign.append(seen.key)
+    else:
+        log.warning("fence: re-sent abandoned run %s[%s] (%s)", run["task"], run["id"], copy)
+    run_recovered.send(sender=app, key=seen.key, task=run["task"], task_id=run["id"], attempt=attempt)
+    report.resent.append(seen.key)
+
+
+def _unrecoverable(seen: Abandoned) -> str | None:
     run = seen.run
-    if not run or run.get("args") is None:
-        return "its arguments were not recorded (not JSON-serializable)"
-    if run.get("task") not in app.tasks:
-        return f"unknown task {run.get('task')!r}"
+    if not run or run.get("args") is None or not run.get("task") or not run.get("id"):
+        why = (run or {}).get("dropped") or "not JSON-serializable"
+        return f"its arguments were not recorded ({why}): nothing to send again"
     return None

@@ -60,7 +60,9 @@ class Renewer:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._stopping = False
         self.round_trips = 0  # renew calls sent: observable by tests and benchmarks
+        self.restarts = 0  # threads that died and were replaced: observable by tests
 
     def track(
         self,
@@ -84,7 +86,10 @@ class Renewer:
             self._leases.pop(lease, None)
 
     def deadline(self, lease: Lease) -> float | None:
-        """The lease's local monotonic deadline, or ``None`` when it is not tracked (any more) or pinned."""
+        """The lease's local monotonic deadline, or ``None`` when it is not tracked (any more) or pinned.
+
+        Asked by every ``check()``: also the watchdog that restarts a renewer thread found dead."""
+        self._ensure_thread()
         with self._lock:
             tracked = self._leases.get(lease)
             return None if tracked is None or tracked.pinned else tracked.deadline
@@ -167,19 +172,49 @@ class Renewer:
             log.exception("fence renewer callback failed for %s", lease.key)
 
     def _ensure_thread(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
+        """Start the thread if there is none, or restart a dead one (the watchdog)."""
+        thread = self._thread
+        if self._stopping or (thread is not None and thread.is_alive()):
             return
         with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="celery-fence-renewer", daemon=True)
-                self._thread.start()
+            if self._thread is thread:  # nobody replaced it meanwhile
+                self._start_locked(restart=thread is not None)
+
+    def _start_locked(self, restart: bool) -> None:
+        self._thread = threading.Thread(target=self._run, name="celery-fence-renewer", daemon=True)
+        self.restarts += restart
+        self._thread.start()
 
     def _run(self) -> None:
-        while not self._wake.wait(self._next_wait()):
+        why = "the renewer thread ended"
+        try:
+            while not self._wake.wait(self._next_wait()):
+                try:
+                    self.tick()
+                except Exception:  # never die silently: log and keep going
+                    log.exception("fence renewer pass failed")
+        except BaseException as exc:  # SystemExit from a callback, KeyboardInterrupt...: never silent
+            why = f"the renewer thread died: {exc!r}"  # logged below; a replacement takes over
+        finally:  # only stop() ends the loop on purpose; anything else is reported and replaced at once
+            if not self._stopping:
+                self._died(why)
+                with self._lock:
+                    if not self._stopping and threading.current_thread() is self._thread:
+                        self._start_locked(restart=True)
+
+    def _died(self, why: str) -> None:
+        """Report every tracked lease lost: nothing renewed them while the thread was gone."""
+        with self._lock:
+            lost, self._leases = list(self._leases.items()), {}
+        if lost:
+            log.critical("fence renewer: %s; %d leases reported lost; restarting it", why, len(lost))
+        else:
+            log.error("fence renewer: %s; restarting it", why)
+        for lease, tracked in lost:
             try:
-                self.tick()
-            except Exception:  # never die silently: log and keep going
-                log.exception("fence renewer pass failed")
+                tracked.on_lost(lease, why)
+            except BaseException:  # one callback's failure must not hide the other losses
+                log.exception("fence renewer callback failed for %s", lease.key)
 
     def _next_wait(self) -> float:
         """Wake at the interval, or earlier when a local deadline comes first."""
@@ -189,6 +224,7 @@ class Renewer:
         return max(0.0, min(self.interval, until_deadline))
 
     def stop(self) -> None:
+        self._stopping = True
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -27,13 +27,14 @@ from celery.signals import celeryd_after_setup, celeryd_init
 from . import codec
 from .bootstep import add_worker_steps
 from .config import FenceConfig
-from .errors import FenceError, LeaseHeld, NotSerializable, StoreUnavailable
+from .errors import FenceError, LeaseHeld, StoreUnavailable
 from .events import send_fence_event
 from .fence import Fence
 from .keys import derive_key
 from .lease import Lease, LeaseState
 from .renewer import OnLost, OnRenewed
 from .run import Run
+from .runinfo import run_info
 from .runtime import runtime_for
 from .signals import (
     lease_acquired,
@@ -238,23 +239,4 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             log.warning("fence: could not store the outcome of %s: %s", self.request.id, error)
 
     def _run_info(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> codec.Encoded:
-        """What recovery needs to send this run again (arguments only if JSON can carry them), encoded
-        once here: the store keeps this text instead of encoding the run a second time."""
-        request = self.request
-        info: dict[str, Any] = {
-            "task": self.name,
-            "id": request.id,
-            "retries": request.retries,
-            "args": list(args),
-            "kwargs": kwargs,
-        }
-        queue = (request.delivery_info or {}).get("routing_key")
-        if queue:
-            info["queue"] = queue
-        if getattr(request, "fence_key", None) is not None:
-            info["fence_key"] = request.fence_key
-        try:
-            return codec.Encoded(info)
-        except NotSerializable:
-            info.update(args=None, kwargs=None)
-            return codec.Encoded(info)
+        return run_info(self, self.request, args, kwargs)  # what recovery needs to send this run again

@@ -36,6 +36,9 @@ class Store(Protocol):
     """A lease store. Implementations hold their own clients and are created per process, after fork."""
 
     url: str
+    # The largest encoded result, step value or run record (bytes of kombu-dialect JSON) the store takes in
+    # one write: a bigger one is refused with ``NotSerializable`` before anything is sent.
+    max_value_bytes: int
 
     def migrate(self) -> None:
         """Create or upgrade the store's ``fence_*`` schema. Idempotent."""
@@ -91,16 +94,20 @@ class Store(Protocol):
         """Move the token counter forward by ``gap`` (after a failover or restore). Returns the new floor."""
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
-        """Keys whose lease expired over ``grace`` seconds ago without completion (and not recovered in
-        the last ``grace`` seconds, and not dead), oldest first."""
+        """Keys whose lease expired over ``grace`` seconds ago without completion, not dead, and not
+        recovered in the last ``grace * recovery_backoff(sent)`` seconds (``sent``: recovery copies not
+        started yet, so the wait grows while a copy sits in a queue), oldest first."""
 
     def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
         """Claim the re-send of an abandoned run, atomically, iff the key is unchanged since ``seen`` (same
-        token, same recovery count: one recoverer wins) and still abandoned.
+        token, same counts: one recoverer wins) and still abandoned.
 
-        Returns the attempt number (>= 1) to re-send; 0 when the key was marked dead instead (after
-        ``max_recoveries`` attempts, or at once with ``max_recoveries=0``; ``reason`` is kept); ``None``
-        when there is nothing to do (someone took over, finished, or recovered it first).
+        A claimed copy is *sent*; the next acquire of the key *starts* it (``recoveries`` goes up by one and
+        ``sent`` back to 0). Only started copies count against ``max_recoveries``: a copy still queued is
+        not a failed one. Returns the attempt number (``recoveries + 1``) to re-send; 0 when the key was
+        marked dead instead (``max_recoveries`` started copies were lost, or at once with
+        ``max_recoveries=0``; ``reason`` is kept); ``None`` when there is nothing to do (someone took over,
+        finished, or recovered it first).
         """
 
     def close(self) -> None:

@@ -47,6 +47,10 @@ _TIMEOUT = (3.0, 5.0)  # seconds to connect, to read an answer
 class EtcdStore:
     """Lease store on etcd; see :class:`celery_fence.stores.base.Store` and this module's limits."""
 
+    # etcd refuses a request over --max-request-bytes (1.5 MiB by default): a record (the result with its
+    # token, a step value, the run's record with its owner) is kept to 1 MiB, the rest of a Txn fits beside.
+    max_value_bytes = 1024 * 1024
+
     def __init__(self, url: str, prefix: str | None = None, timeout: tuple[float, float] = _TIMEOUT) -> None:
         netloc, self.prefix = etcd.parse_url(url, prefix)
         self.url = f"etcd://{netloc}/{quote(self.prefix)}"  # names the same keys in any process
@@ -61,7 +65,7 @@ class EtcdStore:
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
         ttl = validate_ttl(ttl)
-        run_text = codec.dumps_mapping(run)
+        run_text = codec.dumps_mapping(run, self.max_value_bytes // 2)  # JSON in JSON: escapes may double it
         state = json.dumps({"owner": owner, "run": run_text})
         self._expire_overdue()
         return self._retry(f"acquire({key!r})", lambda: self._acquire(key, owner, ttl, state))
@@ -87,7 +91,9 @@ class EtcdStore:
     def complete(self, lease: Lease, result: Any) -> None:
         check_lease(lease)
         done = {"token": lease.token, "result": codec.dumps(result), "finished_at": time.time()}
-        ops = [*self._free(lease.key), etcd.put(self._k("done", lease.key), json.dumps(done))]
+        record = json.dumps(done)
+        codec.check_size(record, self.max_value_bytes, "the result")  # refused before anything is sent
+        ops = [*self._free(lease.key), etcd.put(self._k("done", lease.key), record)]
         answer = self._fenced(lease, [], [*ops, self._event(lease, "complete")])
         self.etcd_leases.untrack(lease)
         if not answer.succeeded:
@@ -101,7 +107,7 @@ class EtcdStore:
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
         check_lease(lease)
         step = self._k("steps", lease.key) + "/" + quote(check_step_name(name), safe="")
-        ops = [etcd.put(step, codec.dumps(value)), self._event(lease, "step", name)]
+        ops = [etcd.put(step, codec.dumps(value, self.max_value_bytes)), self._event(lease, "step", name)]
         answer = self._fenced(lease, [etcd.created(step, 0)], ops)
         if not answer.succeeded and not self._holds(answer.first(2), lease):
             self._stale(lease, f"step {name}", answer)

@@ -6,12 +6,15 @@ lease, there iff the lease is live, its ``create_revision`` the token (the acqui
 ``state/<key>`` (owner, run), put only by acquire and force_release, so its ``mod_revision`` is the latest
 token; ``held/<key>`` from acquire to release, complete or force_release (held but no lock: expired, the next
 acquire is a takeover; its value is when ``abandoned`` first saw that); ``done/<key>`` (token, result,
-finished_at); ``dead/<key>``, ``recovery/<key>`` (count, at); ``steps/<key>/<name>``; ``history/<key>/<uuid>``
+finished_at); ``dead/<key>``, ``recovery/<key>`` (count, at, sent, rev); ``steps/<key>/<name>``;
+``history/<key>/<uuid>``
 in ``create_revision`` order; ``meta/offset`` (:meth:`EtcdStore.advance`).
 
 etcd does not say when a lock expired: the first ``abandoned`` call that sees a key held without a lock
 stamps its ``held`` marker with its clock, and ``grace`` counts from that stamp. ``recover`` claims a key in
-one ``Txn`` comparing every per-key record with what ``abandoned`` saw, so one recoverer wins.
+one ``Txn`` comparing every per-key record with what ``abandoned`` saw, so one recoverer wins. A recovery
+copy is recorded as sent with the state's revision; a state put since (an acquire: the copy started) makes
+that copy count as started when the record is next read, so acquire needs no extra read.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from .. import codec
-from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key
+from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, recovery_backoff, validate_key
 from . import etcd_gateway as etcd
 from .etcd_gateway import KV, Op
 from .validation import check_age
@@ -61,8 +64,12 @@ def _state(store: EtcdStore, key: str, found: Mapping[str, KV], ttls: Mapping[in
     result = None if done is None else codec.loads(json.loads(done.value)["result"])
     token = store._epochs.token(found["state"].mod)
     dead = found["dead"].value if "dead" in found else None
+    rec = _recovery(found)
+    counts = rec["count"], rec["sent"]
     run = codec.loads(info["run"]) if info.get("run") else None
-    return LeaseState(key, token, info["owner"], expires_in, done is not None, result, dead, run)
+    return LeaseState(
+        key, token, info["owner"], expires_in, done is not None, result, dead, *counts, run=run
+    )
 
 
 def history(store: EtcdStore, key: str | None) -> list[HistoryEvent]:
@@ -101,7 +108,8 @@ def abandoned(store: EtcdStore, grace: float, limit: int) -> list[Abandoned]:
             guard = [etcd.modified(r["held"].key, r["held"].mod), etcd.created(store._k("lock", key), 0)]
             store.gw.txn(guard, [etcd.put(r["held"].key, repr(now))])
         expired_at = float(r["held"].value or now)
-        if max(expired_at, _recovery(r)["at"]) <= now - grace:
+        rec = _recovery(r)
+        if expired_at <= now - grace and rec["at"] <= now - grace * recovery_backoff(rec["sent"]):
             late.append((expired_at, key))
     return [_abandoned(store, key, idle[key]) for _, key in sorted(late)[:limit]]
 
@@ -112,21 +120,23 @@ def recover(store: EtcdStore, seen: Abandoned, max_recoveries: int, reason: str)
     if not _idle(r) or _abandoned(store, seen.key, r) != seen:
         return None  # taken over, finished, dead, or recovered first
     unchanged = [etcd.modified(k[kind], r[kind].mod if kind in r else 0) for kind in KINDS]
-    count, dead = seen.recoveries, seen.recoveries >= max_recoveries
+    count, sent, dead = seen.recoveries, seen.sent, seen.recoveries >= max_recoveries
     lease = Lease(seen.key, seen.token, json.loads(r["state"].value)["owner"] or "")
     if dead:
         reason = reason or f"gave up after {count} recoveries"
         ops = [etcd.put(k["dead"], reason), store._event(lease, "dead", reason)]
     else:
-        count += 1
-        ops = [store._event(lease, "recovered", str(count))]
-    ops.append(etcd.put(k["recovery"], json.dumps({"count": count, "at": time.time()})))
-    return (0 if dead else count) if store.gw.txn(unchanged, ops).succeeded else None
+        sent += 1
+        ops = [store._event(lease, "recovered", str(count + 1))]
+    record = {"count": count, "at": time.time(), "sent": sent, "rev": r["state"].mod}
+    ops.append(etcd.put(k["recovery"], json.dumps(record)))
+    return (0 if dead else count + 1) if store.gw.txn(unchanged, ops).succeeded else None
 
 
 def _abandoned(store: EtcdStore, key: str, r: Mapping[str, KV]) -> Abandoned:
     run = codec.loads(json.loads(r["state"].value)["run"])
-    return Abandoned(key, store._epochs.token(r["state"].mod), run, _recovery(r)["count"])
+    rec = _recovery(r)
+    return Abandoned(key, store._epochs.token(r["state"].mod), run, rec["count"], rec["sent"])
 
 
 def _idle(r: Mapping[str, KV]) -> bool:
@@ -135,4 +145,12 @@ def _idle(r: Mapping[str, KV]) -> bool:
 
 
 def _recovery(r: Mapping[str, KV]) -> dict[str, Any]:
-    return json.loads(r["recovery"].value) if "recovery" in r else {"count": 0, "at": 0.0}
+    """``count`` (copies started), ``at`` (last sent), ``sent`` (copies sent, not started): a copy sent
+    before the state's last put (an acquire started it) counts as started."""
+    if "recovery" not in r:
+        return {"count": 0, "at": 0.0, "sent": 0}
+    rec = json.loads(r["recovery"].value)
+    count, sent = int(rec["count"]), int(rec.get("sent", 0))
+    if sent and "state" in r and rec.get("rev") != r["state"].mod:
+        count, sent = count + 1, 0
+    return {"count": count, "at": float(rec["at"]), "sent": sent}

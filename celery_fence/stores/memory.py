@@ -15,7 +15,15 @@ from typing import Any
 
 from .. import codec
 from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
-from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from ..lease import (
+    Abandoned,
+    HistoryEvent,
+    Lease,
+    LeaseState,
+    recovery_backoff,
+    validate_key,
+    validate_ttl,
+)
 from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
 
 __all__ = ["MemoryStore"]
@@ -31,12 +39,15 @@ class _Row:
     run: str | None = None
     finished_at: float | None = None
     dead: str | None = None
-    recoveries: int = 0
+    recoveries: int = 0  # recovery copies that started (and, once abandoned again, were lost)
+    sent: int = 0  # recovery copies sent that have not started: a queued copy is not a failed one
     recovered_at: float | None = None
 
 
 class MemoryStore:
     """Reference implementation of :class:`celery_fence.stores.base.Store`."""
+
+    max_value_bytes = codec.MAX_VALUE_BYTES
 
     def __init__(self, url: str = "memory://", clock: Callable[[], float] = time.time) -> None:
         self.url = url
@@ -53,7 +64,7 @@ class MemoryStore:
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
         ttl = validate_ttl(ttl)
-        run_text = codec.dumps_mapping(run)
+        run_text = codec.dumps_mapping(run, self.max_value_bytes)
         with self._lock:
             now, row = self.clock(), self._rows.get(key)
             if row is not None and row.done:
@@ -64,7 +75,8 @@ class MemoryStore:
                 raise LeaseHeld(key, row.owner, row.expires_at - now)
             expired_at = None if row is None else row.expires_at
             self._counter += 1
-            recoveries = 0 if row is None else row.recoveries
+            # This acquire starts the key's pending recovery copy, if any: from now on it counts.
+            recoveries = 0 if row is None else row.recoveries + (1 if row.sent else 0)
             self._rows[key] = _Row(self._counter, owner, now + ttl, run=run_text, recoveries=recoveries)
             self._log(key, "acquire" if expired_at is None else "takeover", self._counter, owner, now)
             gap = None if expired_at is None else now - expired_at
@@ -88,7 +100,7 @@ class MemoryStore:
 
     def complete(self, lease: Lease, result: Any) -> None:
         check_lease(lease)
-        text = codec.dumps(result)
+        text = codec.dumps(result, self.max_value_bytes)
         with self._lock:
             row = self._require_current(lease, "complete")
             now = self.clock()
@@ -106,7 +118,7 @@ class MemoryStore:
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
         check_lease(lease)
         check_step_name(name)
-        text = codec.dumps(value)
+        text = codec.dumps(value, self.max_value_bytes)
         with self._lock:
             self._require_current(lease, f"step {name}")
             steps = self._steps.setdefault(lease.key, {})
@@ -175,14 +187,15 @@ class MemoryStore:
             now = self.clock()
             rows = [(k, r) for k, r in self._rows.items() if self._is_abandoned(r, now, grace)]
             rows.sort(key=lambda item: item[1].expires_at or 0)
-            return [Abandoned(k, r.token, codec.loads(r.run), r.recoveries) for k, r in rows[:limit]]
+            return [Abandoned(k, r.token, codec.loads(r.run), r.recoveries, r.sent) for k, r in rows[:limit]]
 
     def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
         validate_key(seen.key)
         key, token = seen.key, seen.token
         with self._lock:
             now, row = self.clock(), self._rows.get(key)
-            unchanged = row is not None and row.token == token and row.recoveries == seen.recoveries
+            seen_now = None if row is None else (row.token, row.recoveries, row.sent)
+            unchanged = seen_now == (token, seen.recoveries, seen.sent)
             if row is None or not unchanged or not self._is_abandoned(row, now, 0.0):
                 return None
             row.recovered_at = now
@@ -190,9 +203,9 @@ class MemoryStore:
                 row.dead = reason or f"gave up after {row.recoveries} recoveries"
                 self._log(key, "dead", token, row.owner, now, row.dead)
                 return 0
-            row.recoveries += 1
-            self._log(key, "recovered", token, row.owner, now, str(row.recoveries))
-            return row.recoveries
+            row.sent += 1
+            self._log(key, "recovered", token, row.owner, now, str(row.recoveries + 1))
+            return row.recoveries + 1
 
     def close(self) -> None:
         """Nothing to close; state stays readable."""
@@ -200,7 +213,8 @@ class MemoryStore:
     @staticmethod
     def _is_abandoned(row: _Row, now: float, grace: float) -> bool:
         expired = row.expires_at is not None and row.expires_at <= now - grace
-        quiet = row.recovered_at is None or row.recovered_at <= now - grace
+        wait = grace * recovery_backoff(row.sent)
+        quiet = row.recovered_at is None or row.recovered_at <= now - wait
         return expired and quiet and not row.done and row.dead is None
 
     # -- internals (callers hold the lock) --
@@ -238,4 +252,7 @@ class MemoryStore:
         expires_in = None if row.expires_at is None else row.expires_at - now
         result = codec.loads(row.result)
         run = codec.loads(row.run) if row.run else None
-        return LeaseState(key, row.token, row.owner, expires_in, row.done, result, row.dead, run)
+        counts = row.recoveries, row.sent
+        return LeaseState(
+            key, row.token, row.owner, expires_in, row.done, result, row.dead, *counts, run=run
+        )

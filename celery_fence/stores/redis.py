@@ -59,6 +59,8 @@ def _source(name: str) -> str:
 class RedisStore:
     """Lease store on one Redis primary; see :class:`celery_fence.stores.base.Store`."""
 
+    max_value_bytes = codec.MAX_VALUE_BYTES  # far below a Redis string's 512 MB
+
     def __init__(self, url: str, prefix: str | None = None, timeout: float = 5.0) -> None:
         self.url = url
         self._target, url_prefix = _split_url(url)
@@ -85,7 +87,8 @@ class RedisStore:
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
         ttl_ms = _ms(validate_ttl(ttl), "ttl")
-        run_text = codec.dumps_mapping(run) or ""  # no run: "" (a script argument cannot be nil)
+        # no run: "" (a script argument cannot be nil)
+        run_text = codec.dumps_mapping(run, self.max_value_bytes) or ""
         keys = [*self._keys(key, "lease", "history"), self._index]
         reply = self._script("acquire", keys, [key, owner, ttl_ms, run_text])
         if reply[0] == "done":
@@ -110,7 +113,7 @@ class RedisStore:
 
     def complete(self, lease: Lease, result: Any) -> None:
         check_lease(lease)
-        text = codec.dumps(result)
+        text = codec.dumps(result, self.max_value_bytes)
         keys = [*self._keys(lease.key, "lease", "history"), self._done]
         _raise_stale(lease, self._script("complete", keys, [*_who(lease), text]), "complete")
 
@@ -121,7 +124,7 @@ class RedisStore:
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
         check_lease(lease)
         check_step_name(name)
-        text = codec.dumps(value)
+        text = codec.dumps(value, self.max_value_bytes)
         keys = self._keys(lease.key, "lease", "steps", "history")
         reply = self._script("save_step", keys, [*_who(lease), name, text])
         if reply[0] == "dup":
@@ -175,18 +178,20 @@ class RedisStore:
             return int(client.incrby(self._counter, gap))
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
-        cutoff, *due = self._script("due", [self._live], [_ms(check_age(grace), "age")])
+        grace_ms = _ms(check_age(grace), "age")
+        cutoff, *due = self._script("due", [self._live], [grace_ms])
         found: list[Abandoned] = []
         for batch in _chunks(due, READ_BATCH):
-            rows = self._script("abandoned", [self._k("lease", k) for k in batch], [cutoff, *batch])
-            found += [Abandoned(k, int(t), codec.loads(run), int(rec)) for k, t, run, rec in rows]
+            keys, args = [self._k("lease", k) for k in batch], [cutoff, grace_ms, *batch]
+            rows = self._script("abandoned", keys, args)
+            found += [Abandoned(k, int(t), codec.loads(r), int(n), int(s)) for k, t, r, n, s in rows]
             if len(found) >= limit:
                 break
         return found[:limit]
 
     def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
         keys = self._keys(validate_key(seen.key), "lease", "history")
-        args = [seen.key, seen.token, seen.recoveries, max_recoveries, reason]
+        args = [seen.key, seen.token, seen.recoveries, max_recoveries, reason, seen.sent]
         attempt = self._script("recover", keys, args)
         return None if attempt is None else int(attempt)
 
@@ -261,11 +266,12 @@ def _raise_stale(lease: Lease, reply: list[Any], what: str) -> None:
 
 
 def _state(key: str, now: int, row: list[str | None]) -> LeaseState:
-    token, owner, exp, done, result, dead, run = row
+    token, owner, exp, done, result, dead, rec, sent, run = row
     expires_in = None if exp is None else (int(exp) - now) / 1000
+    value, counts = codec.loads(result), (int(rec or 0), int(sent or 0))
     recorded = codec.loads(run) if run else None
     return LeaseState(
-        key, int(token or 0), owner, expires_in, done == "1", codec.loads(result), dead, recorded
+        key, int(token or 0), owner, expires_in, done == "1", value, dead, *counts, run=recorded
     )
 
 

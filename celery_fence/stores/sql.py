@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 class SQLStore:
     """Lease store on PostgreSQL or SQLite; see :class:`celery_fence.stores.base.Store`."""
 
+    max_value_bytes = codec.MAX_VALUE_BYTES  # far below a TEXT value's limit on either database
+
     def __init__(self, url: str, limits: SessionLimits | None = None) -> None:
         self.url = url
         limits = limits or SessionLimits()
@@ -96,7 +98,7 @@ class SQLStore:
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
         ttl = validate_ttl(ttl)
-        run_text = codec.dumps_mapping(run)
+        run_text = codec.dumps_mapping(run, self.max_value_bytes)
         params = {"key": key, "owner": owner, "ttl": ttl, "run": run_text}
         try:
             rows = self._hot("acquire", params)
@@ -129,7 +131,7 @@ class SQLStore:
 
     def complete(self, lease: Lease, result: Any) -> None:
         check_lease(lease)
-        params = self.event_params(lease, "complete", result=codec.dumps(result))
+        params = self.event_params(lease, "complete", result=codec.dumps(result, self.max_value_bytes))
         if not self._hot("complete", params):
             self.refuse_now(lease, "complete")
 
@@ -180,7 +182,8 @@ class SQLStore:
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
         check_lease(lease)
         check_step_name(name)
-        params = {"key": lease.key, "name": name, "token": lease.token, "value": codec.dumps(value)}
+        value_text = codec.dumps(value, self.max_value_bytes)
+        params = {"key": lease.key, "name": name, "token": lease.token, "value": value_text}
         self._ready()
         with translate_errors(self.url), self.engine.begin() as conn:
             current = self.guard(conn, lease, "step", name)
@@ -191,7 +194,8 @@ class SQLStore:
 
     def insert_step(self, conn: Connection, lease: Lease, name: str, value: Any) -> None:
         """Record step ``name`` inside an open :meth:`transaction` (opened with ``step=name``)."""
-        params = {"key": lease.key, "name": name, "token": lease.token, "value": codec.dumps(value)}
+        value_text = codec.dumps(value, self.max_value_bytes)
+        params = {"key": lease.key, "name": name, "token": lease.token, "value": value_text}
         with translate_errors(self.url):
             conn.execute(self.q.insert_step, params)
 
@@ -250,7 +254,10 @@ class SQLStore:
         params = {"grace": check_age(grace), "limit": limit}
         with self._one() as conn:
             rows = conn.execute(self.q.abandoned, params).all()
-        return [Abandoned(r.key, int(r.token), codec.loads(r.run), int(r.recoveries)) for r in rows]
+        return [
+            Abandoned(r.key, int(r.token), codec.loads(r.run), int(r.recoveries), int(r.recovery_sent))
+            for r in rows
+        ]
 
     def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
         validate_key(seen.key)
@@ -259,6 +266,7 @@ class SQLStore:
             "key": seen.key,
             "token": seen.token,
             "seen": seen.recoveries,
+            "sent": seen.sent,
             "max": max_recoveries,
             "reason": reason,
         }
@@ -266,7 +274,7 @@ class SQLStore:
             row = conn.execute(self.q.recover, params).first()
         if row is None:
             return None
-        return 0 if row.dead is not None else int(row.recoveries)
+        return 0 if row.dead is not None else int(row.recoveries) + 1
 
     def close(self) -> None:
         self._driver.close()
@@ -316,7 +324,15 @@ def _schema_current(conn: Connection) -> bool:
 def _state(row: Row[Any]) -> LeaseState:
     expires_in = None if row.expires_in is None else float(row.expires_in)
     result = codec.loads(row.result)
-    run = codec.loads(row.run) if row.run else None
     return LeaseState(
-        row.key, int(row.token), row.owner, expires_in, bool(row.done), result, row.dead, run
+        row.key,
+        int(row.token),
+        row.owner,
+        expires_in,
+        bool(row.done),
+        result,
+        row.dead,
+        int(row.recoveries),
+        int(row.recovery_sent),
+        run=codec.loads(row.run) if row.run else None,
     )

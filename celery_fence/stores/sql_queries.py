@@ -18,11 +18,18 @@ _HELD = "NOT fence_leases.done AND fence_leases.expires_at IS NOT NULL"
 _CURRENT = f"fence_leases.key = :key AND fence_leases.token = :token AND {_HELD}"
 
 
+# ``lease.recovery_backoff(recovery_sent)``: graces to wait after a recovery copy that has not started.
+_BACKOFF = (
+    "(CASE WHEN recovery_sent <= 1 THEN 1 WHEN recovery_sent >= 6 THEN 32"
+    " ELSE (1 << (recovery_sent - 1)) END)"
+)
+
+
 def _abandoned(now: str, grace: str = ":grace") -> str:
-    """Expired over ``grace`` ago without completion, not dead, not recovered within ``grace``."""
+    """Expired over ``grace`` ago without completion, not dead, not recovered within the backoff."""
     return (
         f"NOT done AND dead IS NULL AND expires_at IS NOT NULL AND expires_at <= {now} - {grace}"
-        f" AND (recovered_at IS NULL OR recovered_at <= {now} - {grace})"
+        f" AND (recovered_at IS NULL OR recovered_at <= {now} - {grace} * {_BACKOFF})"
     )
 
 
@@ -81,7 +88,10 @@ class Queries:
 
 def queries_for(dialect_name: str) -> Queries:
     d = _POSTGRES if dialect_name == "postgresql" else _SQLITE
-    lease_cols = f"key, token, owner, expires_at - {d.now} AS expires_in, done, result, dead, run"
+    lease_cols = (
+        f"key, token, owner, expires_at - {d.now} AS expires_in, done, result, dead, recoveries,"
+        " recovery_sent, run"
+    )
     return Queries(
         # Take the lease if it is free or expired: one statement; no row back means held or done.
         acquire=text(f"""
@@ -92,6 +102,9 @@ def queries_for(dialect_name: str) -> Queries:
             ON CONFLICT (key) DO UPDATE SET
               token = {d.next_token}, owner = excluded.owner, expires_at = {d.now} + :ttl,
               run = excluded.run, detail = NULL, dead = NULL,
+              recoveries = fence_leases.recoveries
+                + CASE WHEN fence_leases.recovery_sent > 0 THEN 1 ELSE 0 END,
+              recovery_sent = 0,
               event = CASE WHEN fence_leases.expires_at IS NULL THEN 'acquire' ELSE 'takeover' END
             WHERE NOT fence_leases.done
               AND (fence_leases.expires_at IS NULL OR fence_leases.expires_at <= {d.now})
@@ -143,16 +156,17 @@ def queries_for(dialect_name: str) -> Queries:
         prune=text(f"DELETE FROM fence_leases WHERE done AND finished_at <= {d.now} - :age"),
         advance=text(d.advance),
         abandoned=text(f"""
-            SELECT key, token, run, recoveries FROM fence_leases WHERE {_abandoned(d.now)}
+            SELECT key, token, run, recoveries, recovery_sent FROM fence_leases WHERE {_abandoned(d.now)}
             ORDER BY expires_at LIMIT :limit"""),
-        # One recoverer wins: the key must be unchanged since it was seen (token and recovery count).
+        # One recoverer wins: the key must be unchanged since it was seen (token and both counts). A copy
+        # is counted as sent here; the acquire that starts it moves it to ``recoveries``.
         recover=text(f"""
             UPDATE fence_leases SET recovered_at = {d.now},
-              recoveries = recoveries + CASE WHEN recoveries < :max THEN 1 ELSE 0 END,
+              recovery_sent = recovery_sent + CASE WHEN recoveries < :max THEN 1 ELSE 0 END,
               dead = CASE WHEN recoveries < :max THEN NULL ELSE :reason END,
               event = CASE WHEN recoveries < :max THEN 'recovered' ELSE 'dead' END,
               detail = CASE WHEN recoveries < :max THEN CAST(recoveries + 1 AS TEXT) ELSE :reason END
-            WHERE key = :key AND token = :token AND recoveries = :seen
+            WHERE key = :key AND token = :token AND recoveries = :seen AND recovery_sent = :sent
               AND {_abandoned(d.now, grace="0")}
             RETURNING recoveries, dead"""),
     )

@@ -72,7 +72,8 @@ class RunTransaction:
         ``StoreUnavailable`` means the outcome is unknown (the commit may have happened): read the key.
         """
         conn = self._usable()
-        params = self.store.event_params(self.lease, "complete", result=codec.dumps(result))
+        text = codec.dumps(result, self.store.max_value_bytes)
+        params = self.store.event_params(self.lease, "complete", result=text)
         try:
             with translate_errors(self.store.url):
                 if conn.execute(self.store.q.complete, params).first() is None:  # not while we hold the lock

@@ -30,7 +30,7 @@ from ..errors import ConfigurationError
 
 __all__ = ["SCHEMA_VERSION", "metadata", "migrate"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: fence_leases.recovery_sent
 metadata = MetaData()
 token_seq = Sequence("fence_token_seq", metadata=metadata)
 
@@ -50,7 +50,8 @@ fence_leases = Table(
     Column("done", Boolean, nullable=False, default=False),
     Column("result", Text),
     Column("run", Text),  # task name, arguments and options, for recovery
-    Column("recoveries", Integer, nullable=False, default=0),
+    Column("recoveries", Integer, nullable=False, default=0),  # recovery copies that started
+    Column("recovery_sent", Integer, nullable=False, server_default="0"),  # copies sent, not started yet
     Column("dead", Text),
     Column("finished_at", Float),
     Column("recovered_at", Float),
@@ -136,6 +137,7 @@ def migrate(conn: Connection) -> None:
             "point fence_store_url at another database or rename that table"
         )
     metadata.create_all(conn, checkfirst=True)
+    _add_missing_columns(conn)
     if postgres:
         conn.exec_driver_sql(_PG_TRIGGER)
     else:
@@ -148,4 +150,16 @@ def migrate(conn: Connection) -> None:
         raise ConfigurationError(
             f"the fence schema is version {row.value}, newer than this celery-fence "
             f"({SCHEMA_VERSION}); upgrade celery-fence"
+        )
+    elif int(row.value) < SCHEMA_VERSION:
+        version = fence_meta.update().where(fence_meta.c.name == "schema_version")
+        conn.execute(version.values(value=str(SCHEMA_VERSION)))
+
+
+def _add_missing_columns(conn: Connection) -> None:
+    """Upgrade a ``fence_leases`` of an older version: the columns added since, with their defaults."""
+    present = {column["name"] for column in inspect(conn).get_columns("fence_leases")}
+    if "recovery_sent" not in present:
+        conn.exec_driver_sql(
+            "ALTER TABLE fence_leases ADD COLUMN recovery_sent INTEGER NOT NULL DEFAULT 0"
         )

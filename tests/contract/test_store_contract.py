@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
+import uuid
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -316,3 +319,94 @@ def test_a_takeover_makes_a_seen_abandoned_run_stale(store: Any, expire: Any) ->
     (seen,) = store.abandoned(0.0)
     store.acquire("k", "b", TTL)
     assert store.recover(seen, max_recoveries=3) is None
+
+
+def test_only_a_recovery_copy_that_started_counts_against_the_bound(store: Any, expire: Any) -> None:
+    """A copy is counted as sent when claimed; the acquire that starts it makes it count. Copies still in
+    a queue never make the key dead, however many were sent."""
+    store.acquire("k", "a", TTL, {"task": "t", "id": "1", "args": [], "kwargs": {}})
+    expire()
+    for sent in range(3):  # max_recoveries=1, yet three copies that never started
+        (seen,) = store.abandoned(0.0)
+        assert (seen.recoveries, seen.sent) == (0, sent)
+        assert store.recover(seen, max_recoveries=1) == 1  # still attempt 1: nothing started
+        assert store.recover(seen, max_recoveries=1) is None  # one recoverer wins, every time
+    state = store.get("k")
+    assert (state.dead, state.recoveries, state.recovery_sent) == (None, 0, 3)
+    copy = store.acquire("k", "copy", TTL)  # one copy starts...
+    state = store.get("k")
+    assert (state.recoveries, state.recovery_sent) == (1, 0)
+    assert copy.token > seen.token
+    expire()  # ...and is lost: now the bound is reached
+    (seen,) = store.abandoned(0.0)
+    assert (seen.recoveries, seen.sent) == (1, 0)
+    assert store.recover(seen, max_recoveries=1) == 0
+    assert store.get("k").dead == "gave up after 1 recoveries"
+
+
+def test_a_started_copy_that_completes_leaves_nothing_to_recover(store: Any, expire: Any) -> None:
+    store.acquire("k", "a", TTL, {"task": "t", "id": "1", "args": [], "kwargs": {}})
+    expire()
+    (seen,) = store.abandoned(0.0)
+    assert store.recover(seen, max_recoveries=3) == 1
+    store.complete(store.acquire("k", "copy", TTL), "ok")
+    assert store.abandoned(0.0) == []
+    assert store.get("k").done
+
+
+RICH = {
+    "at": dt.datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=dt.timezone.utc),
+    "day": dt.date(2026, 12, 1),
+    "time": dt.time(23, 59, 58, 1),
+    "id": uuid.UUID("12345678-1234-5678-1234-567812345678"),
+    "amount": Decimal("1234.5600"),
+    "raw": b"\x00\xff binary",
+    "nested": [{"when": dt.date(2000, 1, 1), "ids": [uuid.UUID(int=7)], "d": Decimal("-0.1")}],
+}
+
+
+def test_results_and_steps_keep_the_types_celerys_json_carries(store: Any) -> None:
+    """What a duplicate delivery returns (AlreadyDone.result) equals what the first run returned."""
+    lease = store.acquire("k", "a", TTL)
+    store.save_step(lease, "s", RICH)
+    store.complete(lease, RICH)
+    with pytest.raises(AlreadyDone) as info:
+        store.acquire("k", "b", TTL)
+    assert info.value.result == RICH
+    assert store.get("k").result == RICH
+    assert store.steps("k") == {"s": RICH}
+    assert type(info.value.result["at"]) is dt.datetime and type(info.value.result["raw"]) is bytes
+
+
+def test_each_store_states_its_limit_and_refuses_a_bigger_value_before_writing(store: Any) -> None:
+    limit = store.max_value_bytes
+    assert isinstance(limit, int) and limit >= 1024 * 1024
+    lease = store.acquire("k", "a", TTL)
+    too_big = "x" * limit
+    with pytest.raises(NotSerializable, match="limit"):
+        store.save_step(lease, "s", too_big)
+    with pytest.raises(NotSerializable, match="limit"):
+        store.complete(lease, too_big)
+    state = store.get("k")
+    assert (state.done, state.token, store.steps("k")) == (False, lease.token, {})
+    assert "complete" not in [e.event for e in store.history("k")]
+    store.complete(lease, "small")  # the lease was never touched: the run can still finish
+    assert store.get("k").result == "small"
+
+
+def test_a_value_just_under_the_stated_limit_is_stored(store: Any) -> None:
+    """The stated limit is honest: the server itself takes a value of that size (etcd: its request limit)."""
+    value = "x" * (store.max_value_bytes - 1024)
+    lease = store.acquire("k", "a", TTL)
+    store.complete(lease, value)
+    assert store.get("k").result == value
+
+
+def test_nesting_deeper_than_the_codec_follows_is_invalid_argument(store: Any) -> None:
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    lease = store.acquire("k", "a", TTL)
+    with pytest.raises(InvalidArgument, match="nested too deeply"):
+        store.complete(lease, deep)
+    assert store.get("k").done is False

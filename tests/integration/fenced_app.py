@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from kombu import Exchange, Queue
 from sqlalchemy import BigInteger, Column, Engine, Integer, MetaData, Table, Text, create_engine, text
 from sqlalchemy.dialects.postgresql import insert
 
@@ -31,6 +32,9 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=600,
 )
+if env("FENCE_IT_ROUTE"):  # "queue,exchange,routing key": a queue whose routing key is not its name
+    _queue, _exchange, _key = env("FENCE_IT_ROUTE", "").split(",")
+    app.conf.task_queues = [Queue(_queue, Exchange(_exchange, type="direct"), routing_key=_key)]
 MARKS = Path(env("FENCE_IT_DIR", "/tmp"))
 INSERT = text("INSERT INTO fence_it_effects (key, token, task_id, pid) VALUES (:k, :t, :id, :pid)")
 # With a Redis or etcd lease store, the effect lands on a PostgreSQL table guarded by fenced_update.

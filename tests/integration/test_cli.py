@@ -119,7 +119,7 @@ def test_reading_a_store_that_does_not_exist_creates_nothing(cli: Cli) -> None:
 def test_leases_lists_live_keys_and_all_adds_finished_ones(cli: Cli, scenario: Scenario) -> None:
     live = cli("leases")
     assert live.returncode == 0, live.stderr
-    assert lines(live)[0].split() == ["KEY", "TOKEN", "OWNER", "STATE", "EXPIRES_IN"]
+    assert lines(live)[0].split() == ["KEY", "TOKEN", "OWNER", "STATE", "EXPIRES_IN", "RECOVERY"]
     assert [row.split()[:4] for row in lines(live)[1:]] == [
         [LIVE, str(scenario.new.token), "host:2:new", "live"]
     ]
@@ -236,3 +236,49 @@ def test_a_bad_store_url_is_a_one_line_error(cli: Cli) -> None:
     assert "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith("Error: unknown fence store scheme 'nope'")
+
+
+INCLUDING_APP = """\
+from celery import Celery
+
+app = Celery("incapp", broker="memory://", include=["inctasks"])
+app.conf.fence_store_url = {url!r}
+"""
+INCLUDED_TASKS = """\
+from celery import shared_task
+
+from celery_fence import FencedTask
+
+
+@shared_task(base=FencedTask, bind=True, name="inctasks.work")
+def work(self, n):
+    return n
+"""
+
+
+def _abandon(cli: Cli, key: str, task: str) -> None:
+    store = cli.store()
+    try:
+        store.acquire(key, "host:9:gone", TTL, {"task": task, "id": key, "args": [1], "kwargs": {}})
+        with store.engine.begin() as conn:  # the worker died long ago
+            expire = text("UPDATE fence_leases SET expires_at = expires_at - 10000 WHERE key = :k")
+            conn.execute(expire, {"k": key})
+    finally:
+        store.close()
+
+
+def test_recover_loads_the_apps_included_modules_and_sends_unknown_tasks_by_name(cli: Cli) -> None:
+    """Issue 19, point 1: a task listed through ``include`` is this app's own; a task of another service is
+    sent by name all the same. Neither is marked dead."""
+    (cli.workdir / "incapp.py").write_text(INCLUDING_APP.format(url=cli.url))
+    (cli.workdir / "inctasks.py").write_text(INCLUDED_TASKS)
+    _abandon(cli, "own", "inctasks.work")
+    _abandon(cli, "foreign", "billing.elsewhere")
+    result = cli("recover", "--grace", "0", app="incapp")
+    assert result.returncode == 0, result.stderr
+    assert "re-sent own\n" in result.stdout
+    assert "re-sent foreign by name (no such task in this app" in result.stdout
+    assert "2 runs re-sent, 0 keys marked dead" in result.stdout
+    leases = {row.split()[0]: row for row in lines(cli("leases", app="incapp"))[1:]}
+    assert "expired" in leases["foreign"] and "1 sent, not started" in leases["foreign"]
+    assert "dead" not in leases["own"]

@@ -145,7 +145,7 @@ def test_named_rows(facts: Facts, action: Action) -> None:
 
 def state(token: int, *, done: bool = False, held: bool = True, task: str | None = "t") -> LeaseState:
     run = None if task is None else {"id": task}
-    return LeaseState("k", token, "o", 1.0 if held else None, done, None, None, run)
+    return LeaseState("k", token, "o", 1.0 if held else None, done, None, None, run=run)
 
 
 @pytest.mark.parametrize(

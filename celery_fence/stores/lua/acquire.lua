@@ -5,7 +5,7 @@
 -- Returns {'ok', token[, ms the taken-over lease had been expired]} | {'own', token} (our own, retried)
 --   | {'held', owner, ms left} | {'done', token, result}; FENCE_REWOUND error.
 local now, at = clock()
-local h = redis.call('HMGET', KEYS[1], 'token', 'owner', 'exp', 'done', 'result')
+local h = redis.call('HMGET', KEYS[1], 'token', 'owner', 'exp', 'done', 'result', 'sent')
 if h[4] == '1' then
   return {'done', h[1], h[5]}
 end
@@ -19,7 +19,10 @@ end
 local token = next_token(KEYS[4], KEYS[5], KEYS[3], tonumber(h[1]) or 0)
 local until_ms = int(now + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'token', token, 'owner', ARGV[2], 'exp', until_ms)
-redis.call('HDEL', KEYS[1], 'run', 'dead', 'recat') -- the recovery count ('rec') carries over
+redis.call('HDEL', KEYS[1], 'run', 'dead', 'recat', 'sent') -- the recovery count ('rec') carries over
+if tonumber(h[6] or '0') > 0 then -- this acquire starts the pending recovery copy: from now on it counts
+  redis.call('HINCRBY', KEYS[1], 'rec', 1)
+end
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[1], 'run', ARGV[4])
 end

@@ -1,13 +1,16 @@
 -- recover: claim the re-send of an abandoned run iff the key is unchanged since it was seen (same
--- token and recovery count: one recoverer wins) and still abandoned (expired, not done, not dead).
+-- token and counts: one recoverer wins) and still abandoned (expired, not done, not dead). The copy is
+-- counted as sent; the acquire that starts it moves it to 'rec' (only started copies count).
 -- KEYS[1] lease hash   KEYS[2] key history   KEYS[3] global history   KEYS[4] counter
 -- KEYS[5] witnessed high token   KEYS[6] leased keys (zset)
 -- ARGV[1] key   ARGV[2] token seen   ARGV[3] recoveries seen   ARGV[4] max recoveries   ARGV[5] reason
+-- ARGV[6] copies sent (not started) seen
 -- Returns the attempt number to re-send, 0 if the key was marked dead instead, nil if nothing to do.
 local now, at = clock()
-local h = redis.call('HMGET', KEYS[1], 'token', 'exp', 'done', 'dead', 'rec', 'owner')
-local rec = tonumber(h[5] or '0')
-if h[1] ~= ARGV[2] or rec ~= tonumber(ARGV[3]) or not h[2] or tonumber(h[2]) > now or h[3] == '1' or h[4] then
+local h = redis.call('HMGET', KEYS[1], 'token', 'exp', 'done', 'dead', 'rec', 'owner', 'sent')
+local rec, sent = tonumber(h[5] or '0'), tonumber(h[7] or '0')
+local changed = h[1] ~= ARGV[2] or rec ~= tonumber(ARGV[3]) or sent ~= tonumber(ARGV[6])
+if changed or not h[2] or tonumber(h[2]) > now or h[3] == '1' or h[4] then
   return false
 end
 redis.call('HSET', KEYS[1], 'recat', int(now))
@@ -18,6 +21,6 @@ if rec >= tonumber(ARGV[4]) then
   log(KEYS[2], KEYS[3], at, ARGV[1], 'dead', ARGV[2], h[6], reason)
   return 0
 end
-redis.call('HSET', KEYS[1], 'rec', int(rec + 1))
+redis.call('HSET', KEYS[1], 'sent', int(sent + 1))
 log(KEYS[2], KEYS[3], at, ARGV[1], 'recovered', ARGV[2], h[6], int(rec + 1))
 return rec + 1

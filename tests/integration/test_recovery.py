@@ -1,0 +1,43 @@
+"""Recovery on real workers: the whole worker is SIGKILLed mid-run (the Redis broker keeps the unacked
+message for an hour), and another worker's recovery bootstep sends the run's message again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+
+import pytest
+from celery import chain
+from kombu import Exchange, Queue
+
+from .conftest import Cluster
+from .fenced_app import record
+from .workers import marks, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_chain_whose_worker_was_killed_mid_run_goes_on_once_recovered(cluster: Cluster) -> None:
+    """chain(work, after) on a queue whose routing key differs from its name (issue 14, point 7): recovery
+    re-sends the same message (its chain included) to that exchange and queue, so ``after`` runs once."""
+    name, exchange, key = f"{cluster.queue}-routed", f"{cluster.queue}-ex", f"rk-{uuid.uuid4().hex[:8]}"
+    routed = Queue(name, Exchange(exchange, type="direct"), routing_key=key)
+    env = {"FENCE_IT_ROUTE": f"{name},{exchange},{key}"}
+    queues = f"{name},{cluster.queue}"
+    a = cluster.worker("a", queues=queues, env=env)
+    work = record.s("work", pause=60.0).set(queue=routed)
+    after = record.si("after").set(queue=cluster.queue)  # sent by a worker: its default queue is not ours
+    result = chain(work, after).apply_async()
+    work_id, after_id = result.parent.id, result.id
+    wait_for(lambda: marks(cluster.workdir, work_id, "started"), what="work started")
+    os.killpg(os.getpgid(a.proc.pid), signal.SIGKILL)  # the whole worker: nobody releases or acks
+    a.proc.wait(10)
+    extra = ("--fence-recover", "--fence-recover-interval", "0.5")
+    cluster.worker("b", queues=queues, env=env, extra=extra)
+    assert result.get(timeout=90)["item"] == "after"
+    assert len(marks(cluster.workdir, work_id, "wrote")) == 1  # the recovered copy, on worker b
+    assert len(cluster.effects(work_id)) == 1
+    assert len(marks(cluster.workdir, after_id, "started")) == 1
+    assert len(cluster.effects(after_id)) == 1
+    assert "recovered" in [event for event, _ in cluster.events(work_id)]
