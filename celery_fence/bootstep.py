@@ -1,4 +1,5 @@
-"""Worker bootsteps (main process): ``--fence-recover`` re-sends abandoned runs periodically;
+"""Worker bootsteps (main process): recovery re-sends abandoned runs periodically (on by default, one
+worker at a time cluster-wide: :mod:`celery_fence.election`; ``--no-fence-recover`` turns it off);
 ``--fence-metrics-port`` serves Prometheus metrics summed over the pool's processes
 (:mod:`celery_fence.metrics`)."""
 
@@ -6,16 +7,18 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import click
 from celery import bootsteps
 
 from .config import metrics_addr, metrics_port
+from .election import Election
 from .metrics import FenceMetrics, prepare_multiprocess, serve_metrics
 from .recovery import load_tasks, recover_abandoned
 from .runtime import runtime_for
-from .stores import open_store
+from .stores import Store, open_store
 
 __all__ = [
     "METRICS_OPTIONS",
@@ -30,10 +33,10 @@ log = logging.getLogger(__name__)
 
 RECOVER_OPTIONS = [
     click.Option(
-        ["--fence-recover"],
-        is_flag=True,
-        default=False,
-        help="Re-send fenced runs whose lease expired without completion (celery-fence).",
+        ["--fence-recover/--no-fence-recover"],
+        default=None,
+        help="Take part in recovery: re-send fenced runs whose lease expired without completion "
+        "(celery-fence; on by default, one worker at a time runs it).",
     ),
     click.Option(
         ["--fence-recover-interval"],
@@ -64,30 +67,46 @@ class FenceRecovery(bootsteps.StartStopStep):  # type: ignore[misc]  # celery sh
     def __init__(
         self,
         worker: Any,
-        fence_recover: bool = False,
+        fence_recover: bool | None = None,
         fence_recover_interval: float | None = None,
         **kwargs: Any,
     ) -> None:
-        self.enabled = bool(fence_recover or worker.app.conf.get("fence_recover"))
+        configured = worker.app.conf.get("fence_recover", True)
+        self.enabled = bool(configured if fence_recover is None else fence_recover)
         self.interval = fence_recover_interval
         self.tref: Any = None
+        self.election: Election | None = None
 
     def start(self, worker: Any) -> None:
         load_tasks(worker.app)  # done by the worker already; cheap, and the same rule as the CLI's
         config = runtime_for(worker.app).config
         interval = self.interval or config.policy.ttl
+        self.election = Election(ttl=3 * interval)  # outlives two missed passes
         self.tref = worker.timer.call_repeatedly(interval, self.run, (worker,), priority=10)
-        log.info("celery-fence: recovering abandoned runs every %.1fs", interval)
+        log.info("celery-fence: recovery every %.1fs, when this worker is the elected recoverer", interval)
 
     def stop(self, worker: Any) -> None:
         if self.tref is not None:
             self.tref.cancel()
+        if self.election is not None and self.election.lease is not None:
+            self._with_store(worker, self.election.step_down)
 
     def run(self, worker: Any) -> None:
         config = runtime_for(worker.app).config
-        store = open_store(config.store_url)  # short-lived: no connection is held when children fork
+        election = self.election
+        assert election is not None  # started
+
+        def one_pass(store: Store) -> None:
+            if election.hold(store):
+                recover_abandoned(worker.app, store, config.policy.ttl, config.max_recoveries)
+
+        self._with_store(worker, one_pass)
+
+    @staticmethod
+    def _with_store(worker: Any, action: Callable[[Store], None]) -> None:
+        store = open_store(runtime_for(worker.app).config.store_url)  # short-lived: none held at fork
         try:
-            recover_abandoned(worker.app, store, config.policy.ttl, config.max_recoveries)
+            action(store)
         except Exception:  # a failed pass is retried at the next interval
             log.exception("celery-fence: recovery pass failed")
         finally:

@@ -23,7 +23,7 @@ DEFAULTS: dict[str, Any] = {
     "fence_interrupt": False,
     "fence_max_recoveries": 3,
     "fence_send_events": True,
-    "fence_recover": False,  # or `celery worker --fence-recover`
+    "fence_recover": True,  # every worker takes part; one at a time runs it (`--no-fence-recover`: off)
     "fence_metrics_port": None,  # or `celery worker --fence-metrics-port`: serve Prometheus metrics
     "fence_metrics_addr": None,  # the address it listens on: 0.0.0.0
 }

@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from .election import RESERVED_PREFIX
 from .lease import Abandoned
 from .runinfo import resend_options
 from .signals import run_recovered
@@ -52,6 +53,8 @@ def recover_abandoned(
     """One pass: re-send (or give up on) every run abandoned for over ``grace`` seconds."""
     report = RecoveryReport()
     for seen in store.abandoned(grace, limit):
+        if seen.key.startswith(RESERVED_PREFIX):  # the library's own leases (the recoverer's): no run
+            continue
         problem = _unrecoverable(seen)
         attempt = store.recover(seen, 0 if problem else max_recoveries, problem or "")
         if attempt is None:

@@ -9,6 +9,7 @@ Celery's (re-sending a message, ``retry``, ``Ignore``, events and signals) it as
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import replace
 from typing import Any, NoReturn, Protocol
@@ -170,13 +171,14 @@ class Run:
             self.host.ended(fence)
 
     def _body(self, fence: Fence, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        interrupter = self.runtime.interrupter
-        armed = interrupter.arm(fence) if self.config.interrupt else None
-        try:
+        if not self.config.interrupt:
+            return self.host.body(args, kwargs)
+        interrupter, ident = self.runtime.interrupter, threading.get_ident()
+        try:  # armed inside the try: an interrupt that lands as arm() returns is still disarmed
+            interrupter.arm(fence)
             return self.host.body(args, kwargs)
         finally:
-            if armed is not None:
-                interrupter.disarm(armed)
+            interrupter.disarm(ident)
 
     def _refused(self, fence: Fence, exc: LeaseLost | StaleToken) -> Any:
         fence.abort()

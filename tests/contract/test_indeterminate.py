@@ -123,3 +123,19 @@ def test_every_call_position_and_outcome_leaves_one_effect_and_no_lost_work(
     for n, faults in enumerate(cases, start=1):
         _run(app, n, faults)
         _check(store, n, faults)
+
+
+def test_a_copy_takes_the_key_back_from_the_attempt_that_sent_it(app: Celery, store: Any) -> None:
+    """Review point 3: a run re-queued itself after an outage and its release failed too, so its copy
+    found the key held by that earlier attempt. Whatever ``fence_on_busy`` says, the copy takes it back at
+    once (the attempt named its token in the copy's ``fence_handoff`` header) and does the work."""
+    task = app.tasks["indeterminate.pipeline"]
+    wrapped: IndeterminateStore = runtime_for(app).store  # type: ignore[assignment]
+    for n, on_busy in enumerate(["retry", "ignore", "fail"], start=1):
+        task.fence_on_busy = on_busy
+        faults = [Fault(Outcome.LOST, method="save_step"), Fault(Outcome.BEFORE, method="release")]
+        _run(app, n, faults)
+        _check(store, n, faults)
+        events = [e.event for e in store.history(f"order:{n}") if e.event != "write"]
+        assert events == ["acquire", "step", "release", "acquire", "complete"], (on_busy, events)
+        assert wrapped.calls.count("acquire") == 3  # the first run, the copy held off, the copy again

@@ -57,7 +57,9 @@ def test_flower_shows_a_lost_lease_and_a_refused_run(cluster: Cluster, flower: s
     refused = sleeper.apply_async((60.0,))
     for result in (lost, refused):
         wait_for(lambda r=result: marks(cluster.workdir, r.id, "started"), what="run started")
-        cluster.store.force_release(result.id)  # an operator fences both runs out
+        cluster.store.force_release(result.id)  # an operator fences both runs out...
+        copy = {"task": "copy", "id": result.id, "args": [], "kwargs": {}}  # ...and a copy takes each
+        cluster.store.acquire(result.id, "copy", 60.0, copy)  # over (else a refused run runs again)
     assert wait_for(lambda: _state(flower, lost.id) == "FENCE-LOST", 30, "FENCE-LOST in Flower")
     assert wait_for(lambda: _state(flower, refused.id) == "FENCE-REFUSED", 30, "FENCE-REFUSED in Flower")
     info = _get(f"{flower}/api/task/info/{refused.id}")

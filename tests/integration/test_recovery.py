@@ -41,3 +41,22 @@ def test_a_chain_whose_worker_was_killed_mid_run_goes_on_once_recovered(cluster:
     assert len(marks(cluster.workdir, after_id, "started")) == 1
     assert len(cluster.effects(after_id)) == 1
     assert "recovered" in [event for event, _ in cluster.events(work_id)]
+
+
+def test_recovery_is_on_by_default_and_one_worker_at_a_time_runs_it(cluster: Cluster) -> None:
+    """Review point 4: a whole worker SIGKILLed mid-run is recovered without anyone passing
+    --fence-recover or running `celery fence recover`; of the workers left, exactly one is elected."""
+    interval = ("--fence-recover-interval", "0.5")
+    a = cluster.worker("a", extra=interval)
+    result = record.apply_async(("abandoned",), {"pause": 60.0})
+    wait_for(lambda: marks(cluster.workdir, result.id, "started"), what="the run started")
+    os.killpg(os.getpgid(a.proc.pid), signal.SIGKILL)  # the whole worker: nobody releases or acks
+    a.proc.wait(10)
+    b, c = cluster.worker("b", extra=interval), cluster.worker("c", extra=interval)
+    assert result.get(timeout=90)["item"] == "abandoned"
+    assert "recovered" in [event for event, _ in cluster.events(result.id)]
+    assert len(cluster.effects(result.id)) == 1
+    elected = [w.name for w in (b, c) if "elected the recoverer" in w.log_text()]
+    assert len(elected) == 1, elected
+    holder = cluster.store.get("celery-fence:recoverer")
+    assert holder is not None and holder.expires_in is not None and holder.expires_in > 0

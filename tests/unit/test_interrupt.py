@@ -4,6 +4,7 @@ another thread. Both raise only while the run is armed."""
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -68,3 +69,50 @@ def test_a_lost_lease_interrupts_a_pool_thread() -> None:
     interrupter.fire(outcome["ident"], fence)
     thread.join(10)
     assert not thread.is_alive() and isinstance(outcome.get("raised"), LeaseLost)
+
+
+def test_an_interrupt_never_lands_after_the_body_was_left() -> None:
+    """Review point 8: the threads pool's async exception was set after the armed check, outside the lock,
+    so it could land after the run left its body (in the completion, the tracer, the next task). Fired
+    without pause against a thread that arms and disarms without pause, it lands inside the body or not
+    at all."""
+    interrupter, fence = Interrupter(), _fence()
+    fence.mark_lost("taken over")
+    current: dict[str, int] = {}
+    stop, counts = threading.Event(), {"inside": 0, "outside": 0}
+
+    def pool_thread() -> None:
+        for _ in range(100_000):
+            try:
+                ident = current["ident"] = threading.get_ident()
+                try:  # the run's own handling: arming, the body, and its disarm on the way out
+                    try:
+                        interrupter.arm(fence)
+                        sum(range(20))
+                    finally:
+                        interrupter.disarm(ident)
+                except LeaseLost:
+                    counts["inside"] += 1
+                sum(range(20))  # after the body: the completion, the tracer, the next task
+            except LeaseLost:
+                counts["outside"] += 1
+        stop.set()
+
+    def renewer_thread() -> None:
+        while not stop.is_set():
+            ident = current.get("ident")
+            if ident is not None:
+                interrupter.fire(ident, fence)
+
+    threads = [threading.Thread(target=pool_thread), threading.Thread(target=renewer_thread)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as CPython allows: the races show
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        sys.setswitchinterval(switch)
+    assert counts["outside"] == 0, counts
+    assert counts["inside"] > 0, counts  # the interrupts did fire
