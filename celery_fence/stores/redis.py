@@ -38,6 +38,7 @@ from redis.retry import Retry
 from .. import codec, errors
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from .liveness import idle_socket_is_readable
+from .urls import mask_url
 from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
 
 __all__ = ["RedisStore"]
@@ -282,21 +283,15 @@ def _split_url(url: str) -> tuple[str, str | None]:
         parts.port  # noqa: B018 (raises ValueError for a bad port)
     except (TypeError, ValueError) as exc:
         usage = "redis[s]://[[user]:password@]host[:port][/db][?prefix=...]"
-        raise errors.ConfigurationError(f"bad Redis URL {_safe(url)} ({exc}): use {usage}") from exc
+        raise errors.ConfigurationError(f"bad Redis URL {mask_url(url)} ({exc}): use {usage}") from exc
     rest = urlencode([(name, value) for name, value in query if name != "prefix"])
     return urlunsplit(parts._replace(query=rest)), dict(query).get("prefix")  # the last one wins
-
-
-def _safe(url: object) -> str:
-    head, sep, tail = str(url).partition("://")
-    creds, _, host = tail.rpartition("@")
-    return f"{head}{sep}{creds.partition(':')[0]}:***@{host}" if ":" in creds else str(url)
 
 
 @contextmanager
 def _translated(url: str) -> Iterator[None]:
     """The one boundary where redis-py exceptions become celery-fence errors (``raise from``)."""
-    where = f"fence store {_safe(url)}"
+    where = f"fence store {mask_url(url)}"
     try:
         yield
     except errors.FenceError:

@@ -35,6 +35,7 @@ from sqlalchemy.exc import (
 
 from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable, TokenRewound
 from .liveness import idle_socket_is_readable
+from .urls import mask_url
 
 __all__ = [
     "SessionLimits",
@@ -60,8 +61,11 @@ def create_store_engine(url: str, limits: SessionLimits, autocommit: bool = Fals
     """An engine for explicit transactions, or (``autocommit``) for one statement per transaction."""
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ConfigurationError(f"malformed fence store URL {url!r}: {exc}") from exc
+    except (ArgumentError, ValueError):  # a bad port is a ValueError; the cause would repeat the password
+        raise ConfigurationError(
+            f"malformed fence store URL {mask_url(url)!r}: use dialect[+driver]://[user[:password]@]host"
+            "[:port]/database (the port a number)"
+        ) from None
     try:
         if parsed.get_backend_name() == "sqlite":
             return _private_to_each_process(_sqlite_engine(parsed, limits, autocommit))
@@ -70,7 +74,7 @@ def create_store_engine(url: str, limits: SessionLimits, autocommit: bool = Fals
         return _private_to_each_process(_postgres_engine(parsed, limits, autocommit))
     except (NoSuchModuleError, ImportError) as exc:
         raise ConfigurationError(
-            f"cannot load the driver for {url!r} ({exc}): pip install 'celery-fence[postgres]'"
+            f"cannot load the driver for {mask_url(url)!r} ({exc}): pip install 'celery-fence[postgres]'"
         ) from exc
 
 
@@ -230,7 +234,4 @@ def _translate_dbapi(url: str, exc: DBAPIError) -> FenceError:
 
 
 def _safe(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "<malformed url>"
+    return mask_url(url)
