@@ -25,17 +25,21 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import (
     ArgumentError,
+    DataError,
     DBAPIError,
     DisconnectionError,
     IntegrityError,
     InvalidatePoolError,
     NoSuchModuleError,
     SQLAlchemyError,
+    StatementError,
 )
 
 from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable, TokenRewound
 from .liveness import idle_socket_is_readable
+from .sql_schema import RANGE_EXHAUSTED
 from .urls import mask_url
+from .validation import out_of_tokens
 
 __all__ = [
     "SessionLimits",
@@ -197,6 +201,10 @@ def translate_errors(url: str) -> Iterator[None]:
         raise
     except DBAPIError as exc:
         raise _translate_dbapi(url, exc) from exc
+    except StatementError as exc:  # the driver could not even send a parameter: the value is the problem
+        if isinstance(exc.orig, (ValueError, OverflowError)):  # UnicodeError is a ValueError
+            raise InvalidArgument(f"the store cannot take this value: {exc.orig}") from exc
+        raise StoreUnavailable(f"fence store {_safe(url)} failed: {exc}") from exc
     except SQLAlchemyError as exc:
         raise StoreUnavailable(f"fence store {_safe(url)} failed: {exc}") from exc
 
@@ -220,9 +228,12 @@ def _translate_dbapi(url: str, exc: DBAPIError) -> FenceError:
     code = getattr(exc.orig, "sqlstate", None)
     if code == "FE001" or "fence token counter rewound" in message:
         return TokenRewound(f"{message.splitlines()[0]}: run 'celery fence advance' on {_safe(url)}")
+    if code == "2200H" or RANGE_EXHAUSTED in message:  # the token sequence reached its MAXVALUE
+        return out_of_tokens()
     if isinstance(exc, IntegrityError):
         return InvalidArgument(f"the store refused a duplicate: {message.splitlines()[0]}")
-    if code in ("22001", "22021", "22P02") or isinstance(exc.orig, (sqlite3.DataError, OverflowError)):
+    # Class 22 is "data exception" (a value out of range, NUL in text...): waiting cannot heal it.
+    if (code or "").startswith("22") or isinstance(exc, DataError) or isinstance(exc.orig, OverflowError):
         return InvalidArgument(f"the store refused a value: {message.splitlines()[0]}")
     if (
         exc.connection_invalidated
