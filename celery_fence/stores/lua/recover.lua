@@ -1,6 +1,6 @@
 -- recover: claim the re-send of an abandoned run iff the key is unchanged since it was seen (same
 -- token and recovery count: one recoverer wins) and still abandoned (expired, not done, not dead).
--- KEYS[1] lease hash   KEYS[2] key history   KEYS[3] global history   KEYS[4] counter
+-- KEYS[1] lease hash   KEYS[2] key history   KEYS[3] event counter   KEYS[4] counter
 -- KEYS[5] witnessed high token   KEYS[6] leased keys (zset)
 -- ARGV[1] key   ARGV[2] token seen   ARGV[3] recoveries seen   ARGV[4] max recoveries   ARGV[5] reason
 -- Returns the attempt number to re-send, 0 if the key was marked dead instead, nil if nothing to do.
