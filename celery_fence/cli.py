@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import click
 from sqlalchemy.engine import make_url
@@ -26,6 +25,7 @@ from .lease import LeaseState
 from .recovery import load_tasks, recover_abandoned
 from .runtime import runtime_for
 from .stores import Store, scheme_of
+from .stores.urls import mask_url
 from .verify import read_store, verify
 
 __all__ = ["fence"]
@@ -65,7 +65,7 @@ def _refuse_missing_sqlite(url: str) -> None:
         return
     try:
         database = make_url(url).database
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # a bad port is a ValueError
         return  # the store reports a malformed URL itself
     if database and not database.startswith("file:") and not Path(database).exists():
         raise FenceCommandError(
@@ -93,7 +93,7 @@ def migrate(ctx: click.Context) -> None:
     """Create or upgrade the store's fence_* tables (idempotent)."""
     with _store(ctx, must_exist=False) as store:
         store.migrate()
-        click.echo(f"fence schema is up to date on {_safe_url(store.url)}")
+        click.echo(f"fence schema is up to date on {mask_url(store.url)}")
 
 
 @fence.command()
@@ -280,14 +280,3 @@ def _seconds(value: float | None) -> str:
 def _value(value: Any) -> str:
     text = json.dumps(value, default=repr)
     return text if len(text) <= VALUE_WIDTH else text[: VALUE_WIDTH - 3] + "..."
-
-
-def _safe_url(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    except ValueError:
-        return "<malformed url>"
-    return urlunsplit(parts._replace(netloc=netloc))

@@ -65,32 +65,55 @@ class TokenRewound(FenceError):
     moved its counter back). Run ``celery fence advance`` before issuing more tokens."""
 
 
-class LeaseHeld(FenceError):
+class _WithFields(FenceError):
+    """An error built from fields, whose ``args`` are those fields (not its message), so that pickle and
+    Celery's exception transport, which rebuild an exception as ``cls(*args)``, give back the same error."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+
+    def __str__(self) -> str:
+        return self.message()
+
+    def message(self) -> str:
+        raise NotImplementedError
+
+
+class LeaseHeld(_WithFields):
     """A live lease on ``key`` is held by another run."""
 
     def __init__(self, key: str, owner: str | None = None, expires_in: float | None = None) -> None:
         self.key, self.owner, self.expires_in = key, owner, expires_in
-        left = "" if expires_in is None else f", expires in {expires_in:.1f}s"
-        super().__init__(f"lease {key!r} is held by {owner}{left}")
+        super().__init__(key, owner, expires_in)
+
+    def message(self) -> str:
+        left = "" if self.expires_in is None else f", expires in {self.expires_in:.1f}s"
+        return f"lease {self.key!r} is held by {self.owner}{left}"
 
 
-class AlreadyDone(FenceError):
+class AlreadyDone(_WithFields):
     """``key`` was completed by an earlier run; ``.result`` is the result it stored."""
 
     def __init__(self, key: str, token: int, result: Any) -> None:
         self.key, self.token, self.result = key, token, result
-        super().__init__(f"key {key!r} was completed with token {token}")
+        super().__init__(key, token, result)
+
+    def message(self) -> str:
+        return f"key {self.key!r} was completed with token {self.token}"
 
 
-class LeaseLost(FenceError):
+class LeaseLost(_WithFields):
     """This run no longer holds its lease; its writes will be refused."""
 
     def __init__(self, key: str, token: int, reason: str = "lease lost") -> None:
         self.key, self.token, self.reason = key, token, reason
-        super().__init__(f"{reason}: key {key!r}, token {token}")
+        super().__init__(key, token, reason)
+
+    def message(self) -> str:
+        return f"{self.reason}: key {self.key!r}, token {self.token}"
 
 
-class StaleToken(FenceError):
+class StaleToken(_WithFields):
     """A write with ``token`` was refused: the key's current token is ``current`` (or unknown).
 
     ``recorded`` says whether the store already wrote the refusal to the key's history (a store refusing
@@ -101,5 +124,8 @@ class StaleToken(FenceError):
         self, key: str, token: int, current: int | None = None, what: str = "write", recorded: bool = False
     ) -> None:
         self.key, self.token, self.current, self.what, self.recorded = key, token, current, what, recorded
-        now = "unknown" if current is None else str(current)
-        super().__init__(f"{what} refused for key {key!r}: token {token} is stale (current: {now})")
+        super().__init__(key, token, current, what, recorded)
+
+    def message(self) -> str:
+        now = "unknown" if self.current is None else str(self.current)
+        return f"{self.what} refused for key {self.key!r}: token {self.token} is stale (current: {now})"

@@ -7,7 +7,6 @@ its own ``time.monotonic()`` readings, to stop early ("self-fencing") before the
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import secrets
 import socket
@@ -19,6 +18,8 @@ from .errors import ConfigurationError, InvalidArgument
 
 __all__ = [
     "MAX_KEY_LENGTH",
+    "MAX_SECONDS",
+    "MAX_TOKEN",
     "Abandoned",
     "HistoryEvent",
     "Lease",
@@ -28,10 +29,16 @@ __all__ = [
     "new_owner",
     "recovery_backoff",
     "validate_key",
+    "validate_text",
     "validate_ttl",
 ]
 
 MAX_KEY_LENGTH = 1024
+# Tokens are integers in [1, MAX_TOKEN] on every store: Redis's Lua and JSON clients carry numbers as
+# doubles, exact only below 2**53, and one range for all stores keeps a token valid wherever it is shown.
+MAX_TOKEN = 2**53 - 1
+# The longest ttl or age a store accepts (about 31 years): every store's clock arithmetic holds it exactly.
+MAX_SECONDS = 10**9
 
 
 @dataclass(frozen=True)
@@ -100,19 +107,35 @@ def recovery_backoff(sent: int) -> int:
     return 1 if sent <= 1 else min(2 ** (sent - 1), MAX_RECOVERY_BACKOFF)
 
 
+def validate_text(text: object, what: str) -> str:
+    """A ``str`` every store can carry: no NUL (PostgreSQL text and SQLite's JSON cut it off) and no lone
+    surrogate (not encodable as UTF-8). Any other Unicode is fine."""
+    if not isinstance(text, str):
+        raise InvalidArgument(f"{what} must be a str, not {type(text).__name__}")
+    if "\x00" in text:
+        raise InvalidArgument(f"{what} must not contain NUL (\\x00), got {text!r}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        where = f"a lone surrogate at {exc.start}"
+        raise InvalidArgument(f"{what} must be valid Unicode ({where}), got {text!r}") from exc
+    return text
+
+
 def validate_key(key: object) -> str:
     if not isinstance(key, str):
         raise InvalidArgument(f"a lease key must be a str, not {type(key).__name__}")
     if not key or len(key) > MAX_KEY_LENGTH:
         raise InvalidArgument(f"a lease key must have 1 to {MAX_KEY_LENGTH} characters, got {len(key)}")
-    return key
+    return validate_text(key, "a lease key")
 
 
 def validate_ttl(ttl: object) -> float:
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
         raise InvalidArgument(f"ttl must be a number of seconds, not {type(ttl).__name__}")
-    if not math.isfinite(ttl) or ttl <= 0:
-        raise InvalidArgument(f"ttl must be a positive number of seconds, got {ttl!r}")
+    # Compared as is: float() of a huge int raises OverflowError, and NaN fails every comparison.
+    if not 0 < ttl <= MAX_SECONDS:
+        raise InvalidArgument(f"ttl must be a positive number of seconds up to {MAX_SECONDS}, got {ttl!r}")
     return float(ttl)
 
 

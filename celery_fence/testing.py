@@ -47,6 +47,7 @@ import pytest
 from ._faults import Proxy, Worker, wait_for
 from ._indeterminate import Fault, IndeterminateStore, Outcome
 from .stores.base import Store
+from .stores.urls import mask_url
 from .verify import verify_store
 
 __all__ = [
@@ -103,7 +104,8 @@ class StoreProxy(Proxy):
         """``url`` with its host and port replaced by this proxy's (the rest, query included, is kept)."""
         (host, port), (target, target_port) = _host_port(url), self.target
         if port != target_port or socket.gethostbyname(host) != socket.gethostbyname(target):
-            raise ValueError(f"{url!r} does not point at this proxy's target {target}:{target_port}")
+            shown = mask_url(url)
+            raise ValueError(f"{shown!r} does not point at this proxy's target {target}:{target_port}")
         parts = urlsplit(url)
         userinfo = parts.netloc.rpartition("@")[0]
         netloc = f"{userinfo}@{self.host}:{self.port}" if userinfo else f"{self.host}:{self.port}"
@@ -115,7 +117,8 @@ def _host_port(url: str) -> tuple[str, int]:
     defaults = {"postgresql": 5432, "postgres": 5432, "redis": 6379, "rediss": 6379, "etcd": 2379}
     scheme = parts.scheme.split("+", 1)[0]
     if scheme not in defaults or not parts.hostname:
-        raise ValueError(f"expected a postgresql://, redis:// or etcd:// URL with a host, got {url!r}")
+        shown = mask_url(url)
+        raise ValueError(f"expected a postgresql://, redis:// or etcd:// URL with a host, got {shown!r}")
     return parts.hostname, parts.port or defaults[scheme]
 
 
@@ -212,7 +215,8 @@ def assert_history_clean(store: Store, key: str | None = None) -> None:
     violations = verify_store(store, key)
     if violations:
         lines = "\n".join(f"  {v.key}: {v.rule}: {v.detail}" for v in violations)
-        raise AssertionError(f"{len(violations)} fencing violation(s) in {store.url}'s history:\n{lines}")
+        where = mask_url(store.url)
+        raise AssertionError(f"{len(violations)} fencing violation(s) in {where}'s history:\n{lines}")
 
 
 # -- pytest fixtures --

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from .base import FencedConnectionStore, Store
+from .urls import mask_url
 
 __all__ = ["DEFAULT_STORE_URL", "FencedConnectionStore", "Store", "open_store"]
 
@@ -50,7 +51,7 @@ def scheme_of(url: object) -> tuple[str, str | None]:
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(
             f"fence_store_url must be a URL such as {DEFAULT_STORE_URL!r} or "
-            f"'postgresql+psycopg://host/db', got {url!r}"
+            f"'postgresql+psycopg://host/db', got {mask_url(url)!r}"
         )
     scheme = url.split("://", 1)[0].lower()
     base, _, driver = scheme.partition("+")
@@ -87,6 +88,6 @@ def _from_entry_point(base: str, url: str, options: dict[str, Any]) -> Store:
             return store
     known = ", ".join(sorted(_BUILTIN))
     raise ConfigurationError(
-        f"unknown fence store scheme {base!r} in {url!r}; use one of: {known}, "
+        f"unknown fence store scheme {base!r} in {mask_url(url)!r}; use one of: {known}, "
         "or register a store under the 'celery_fence.stores' entry point group"
     )

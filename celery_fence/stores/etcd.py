@@ -30,10 +30,18 @@ from urllib.parse import quote, unquote
 from .. import codec
 from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken, StoreUnavailable
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from . import etcd_admin as admin
 from . import etcd_gateway as etcd
 from . import etcd_records as records
 from .etcd_gateway import KV, Op, TxnResult
-from .validation import check_gap, check_lease, check_leases, check_step_name
+from .validation import (
+    check_gap,
+    check_lease,
+    check_leases,
+    check_owner,
+    check_step_name,
+    check_text,
+)
 
 __all__ = ["EtcdStore"]
 
@@ -64,6 +72,7 @@ class EtcdStore:
 
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
+        check_owner(owner)
         ttl = validate_ttl(ttl)
         run_text = codec.dumps_mapping(run, self.max_value_bytes // 2)  # JSON in JSON: escapes may double it
         state = json.dumps({"owner": owner, "run": run_text})
@@ -119,7 +128,7 @@ class EtcdStore:
         return {unquote(kv.key.rsplit("/", 1)[1]): codec.loads(kv.value) for kv in sorted(found, key=_order)}
 
     def refuse(self, lease: Lease, what: str) -> None:
-        self._log([self._event(check_lease(lease), "refused", what)])
+        self._log([self._event(check_lease(lease), "refused", check_text(what, "what was refused"))])
 
     def get(self, key: str) -> LeaseState | None:
         states = records.states(self, [etcd.get(self._k(kind, validate_key(key))) for kind in _KINDS])
@@ -133,7 +142,7 @@ class EtcdStore:
 
     def force_release(self, key: str) -> int:
         validate_key(key)
-        return self._retry(f"force_release({key!r})", lambda: self._force_release(key))
+        return self._retry(f"force_release({key!r})", lambda: admin.force_release(self, key))
 
     def prune(self, older_than: float) -> int:
         return records.prune(self, older_than)
@@ -143,7 +152,7 @@ class EtcdStore:
         revision), and every ``Txn`` compares the offset key, so none issues or checks a token with a stale
         one. Returns the floor: at least ``gap`` above every token issued before, below every later one."""
         check_gap(gap)
-        return self._retry(f"advance({gap})", lambda: self._advance(gap))
+        return self._retry(f"advance({gap})", lambda: admin.advance(self, gap))
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
         return records.abandoned(self, grace, limit)
@@ -209,25 +218,6 @@ class EtcdStore:
             return None if not result.succeeded and self._moved(result, epochs) else result
 
         return self._retry(f"a write of {lease.key!r}", attempt)
-
-    def _force_release(self, key: str) -> int | None:
-        state, epochs = self._read([etcd.get(self._k("state", key))]).first(1), self._epochs
-        if state is None:
-            raise InvalidArgument(f"no lease for key {key!r}")
-        info = json.dumps({**json.loads(state.value), "owner": None})
-        ops = [etcd.put(state.key, info), *self._free(key), self._event(Lease(key, 0, ""), "admin-release")]
-        result = self.gw.txn([etcd.modified(state.key, state.mod), self._offset_is(epochs)], ops)
-        return epochs.token(result.revision) if result.succeeded else None
-
-    def _advance(self, gap: int) -> int | None:
-        self._read([])
-        epochs = self._epochs
-        offset, value = epochs.advanced(gap)
-        result = self.gw.txn([self._offset_is(epochs)], [etcd.put(self._offset_key, value)])
-        if not result.succeeded:
-            return None
-        self._read([])
-        return result.revision + offset
 
     def _expire_overdue(self) -> None:
         """Delete the locks nobody renewed within their ttl, which their shared etcd lease keeps alive (token

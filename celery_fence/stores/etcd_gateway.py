@@ -25,6 +25,7 @@ import requests
 
 from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable
 from ..lease import Lease
+from .urls import mask_url
 
 __all__ = ["KV", "Epochs", "Gateway", "LeaseNotFound", "ProcessLeases", "TxnResult", "parse_url"]
 
@@ -115,9 +116,9 @@ def parse_url(url: str, prefix: object = None) -> tuple[str, str]:
     try:
         port = parts.port or 2379
     except ValueError as exc:
-        raise ConfigurationError(f"bad port in etcd store URL {url!r}: {exc}") from exc
+        raise ConfigurationError(f"bad port in etcd store URL {mask_url(url)!r}: {exc}") from exc
     if parts.scheme != "etcd" or not parts.hostname or parts.username or parts.query or parts.fragment:
-        raise ConfigurationError(f"an etcd store URL is etcd://host:2379[/prefix/], got {url!r}")
+        raise ConfigurationError(f"an etcd store URL is etcd://host:2379[/prefix/], got {mask_url(url)!r}")
     prefix = prefix if prefix is not None else unquote(parts.path.lstrip("/")) or "fence/"
     if not isinstance(prefix, str) or not prefix.strip("/"):
         raise ConfigurationError(f"an etcd key prefix is a non-empty str such as 'fence/', got {prefix!r}")

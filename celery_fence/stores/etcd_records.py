@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from .. import codec
-from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, recovery_backoff, validate_key
+from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, recovery_backoff
 from . import etcd_gateway as etcd
 from .etcd_gateway import KV, Op
-from .validation import check_age
+from .validation import check_abandoned, check_age, check_limit
 
 if TYPE_CHECKING:
     from .etcd import EtcdStore
@@ -85,7 +85,7 @@ def history(store: EtcdStore, key: str | None) -> list[HistoryEvent]:
 
 
 def prune(store: EtcdStore, older_than: float) -> int:
-    """Delete every record of keys finished before ``older_than`` seconds ago (writer clocks)."""
+    """Delete every record of keys finished before ``older_than`` seconds ago (writer clocks), history too."""
     cutoff = time.time() - check_age(older_than)
     finished = store._read([etcd.get(store._k("done"), prefix=True)]).kvs(1)
     old = [kv for kv in finished if json.loads(kv.value)["finished_at"] <= cutoff]
@@ -95,12 +95,13 @@ def prune(store: EtcdStore, older_than: float) -> int:
 def _wipe(store: EtcdStore, done: KV) -> list[Op]:
     key = unquote(done.key[len(store._k("done")) :])
     deletes = [etcd.delete(store._k(kind, key)) for kind in KINDS]
-    return [*deletes, etcd.delete(store._k("steps", key) + "/", prefix=True)]
+    children = [etcd.delete(store._k(kind, key) + "/", prefix=True) for kind in ("steps", "history")]
+    return [*deletes, *children]  # the history goes with the key: growth stays bounded
 
 
 def abandoned(store: EtcdStore, grace: float, limit: int) -> list[Abandoned]:
     """Keys held without a lock (expired), not done, dead or recovered within ``grace``."""
-    grace, now, late = check_age(grace), time.time(), []
+    grace, limit, now, late = check_age(grace), check_limit(limit), time.time(), []
     found = store._records([etcd.get(store._k(kind), prefix=True) for kind in KINDS])
     idle = {key: r for key, r in found.items() if _idle(r)}
     for key, r in idle.items():
@@ -115,7 +116,7 @@ def abandoned(store: EtcdStore, grace: float, limit: int) -> list[Abandoned]:
 
 
 def recover(store: EtcdStore, seen: Abandoned, max_recoveries: int, reason: str) -> int | None:
-    k = {kind: store._k(kind, validate_key(seen.key)) for kind in KINDS}
+    k = {kind: store._k(kind, check_abandoned(seen, max_recoveries, reason).key) for kind in KINDS}
     r = store._records([etcd.get(name) for name in k.values()]).get(seen.key, {})
     if not _idle(r) or _abandoned(store, seen.key, r) != seen:
         return None  # taken over, finished, dead, or recovered first

@@ -16,6 +16,7 @@ from typing import Any
 from .. import codec
 from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
 from ..lease import (
+    MAX_TOKEN,
     Abandoned,
     HistoryEvent,
     Lease,
@@ -24,7 +25,19 @@ from ..lease import (
     validate_key,
     validate_ttl,
 )
-from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
+from .validation import (
+    check_abandoned,
+    check_age,
+    check_gap,
+    check_lease,
+    check_leases,
+    check_limit,
+    check_owner,
+    check_step_name,
+    check_text,
+    out_of_tokens,
+    past_the_range,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -63,6 +76,7 @@ class MemoryStore:
 
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
+        check_owner(owner)
         ttl = validate_ttl(ttl)
         run_text = codec.dumps_mapping(run, self.max_value_bytes)
         with self._lock:
@@ -74,7 +88,7 @@ class MemoryStore:
                     return Lease(key, row.token, owner)
                 raise LeaseHeld(key, row.owner, row.expires_at - now)
             expired_at = None if row is None else row.expires_at
-            self._counter += 1
+            self._next_token()
             # This acquire starts the key's pending recovery copy, if any: from now on it counts.
             recoveries = 0 if row is None else row.recoveries + (1 if row.sent else 0)
             self._rows[key] = _Row(self._counter, owner, now + ttl, run=run_text, recoveries=recoveries)
@@ -134,6 +148,7 @@ class MemoryStore:
 
     def refuse(self, lease: Lease, what: str) -> None:
         check_lease(lease)
+        check_text(what, "what was refused")
         with self._lock:
             self._log(lease.key, "refused", lease.token, lease.owner, self.clock(), what)
 
@@ -160,7 +175,7 @@ class MemoryStore:
             row = self._rows.get(key)
             if row is None:
                 raise InvalidArgument(f"no lease for key {key!r}")
-            self._counter += 1
+            self._next_token()
             row.token, row.owner, row.expires_at = self._counter, None, None
             self._log(key, "admin-release", row.token, None, self.clock())
             return row.token
@@ -173,16 +188,20 @@ class MemoryStore:
             for key in gone:
                 del self._rows[key]
                 self._steps.pop(key, None)
+            dropped = set(gone)  # their history goes with them: growth stays bounded
+            self._history = [e for e in self._history if e.key not in dropped]
             return len(gone)
 
     def advance(self, gap: int) -> int:
         check_gap(gap)
         with self._lock:
+            if self._counter + gap > MAX_TOKEN:
+                raise past_the_range(gap, self._counter)
             self._counter += gap
             return self._counter
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
-        grace = check_age(grace)
+        grace, limit = check_age(grace), check_limit(limit)
         with self._lock:
             now = self.clock()
             rows = [(k, r) for k, r in self._rows.items() if self._is_abandoned(r, now, grace)]
@@ -190,7 +209,7 @@ class MemoryStore:
             return [Abandoned(k, r.token, codec.loads(r.run), r.recoveries, r.sent) for k, r in rows[:limit]]
 
     def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
-        validate_key(seen.key)
+        check_abandoned(seen, max_recoveries, reason)
         key, token = seen.key, seen.token
         with self._lock:
             now, row = self.clock(), self._rows.get(key)
@@ -218,6 +237,12 @@ class MemoryStore:
         return expired and quiet and not row.done and row.dead is None
 
     # -- internals (callers hold the lock) --
+
+    def _next_token(self) -> int:
+        if self._counter >= MAX_TOKEN:
+            raise out_of_tokens()
+        self._counter += 1
+        return self._counter
 
     def _current(self, lease: Lease) -> _Row | None:
         row = self._rows.get(lease.key)

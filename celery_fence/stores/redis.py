@@ -6,14 +6,14 @@ one round trip each. Tokens come from ``INCR`` of one counter. Expiry is judged 
 against a deadline in the key's lease hash, which never expires. All keys share one prefix (``fence:``, or
 ``?prefix=`` in the URL); each lua file names the keys it touches.
 
-Honest limits. One primary: no Redis Cluster (every acquire touches the one counter and the global history);
+Honest limits. One primary: no Redis Cluster (every acquire touches the one counter and the event counter);
 Sentinel or replica failover is asynchronous and can lose acknowledged writes. A restart without persistence,
 the ``everysec`` fsync window, a failover or an evicted counter (use ``maxmemory-policy noeviction``) move the
-counter back: a script refuses (``TokenRewound``, nothing written) a token not above the key's own token, the
-last token in the history, or a token some client presented above the counter, so after an empty restart
-tokens start again at 1 until a holder comes back. Run ``celery fence advance`` after any of these. Tokens are
-exact below 2**53 (Lua doubles). No driver retries (a script could run twice): a failed call is
-``StoreUnavailable``, its outcome unknown.
+counter back: a script refuses (``TokenRewound``, nothing written) a token not above the key's own token or
+the highest token issued (kept in a key of its own), or a key's stored token found above the counter. A token
+a client merely presents is never evidence (it may be forged): after an empty restart tokens start again at 1.
+Run ``celery fence advance`` after any of these. Tokens are in [1, 2**53 - 1] (Lua doubles are exact there).
+No driver retries (a script could run twice): a failed call is ``StoreUnavailable``, its outcome unknown.
 """
 
 from __future__ import annotations
@@ -26,26 +26,35 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
-from redis.connection import URL_QUERY_ARGUMENT_PARSERS
-from redis.exceptions import NoPermissionError
 from redis.retry import Retry
 
 from .. import codec, errors
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from .liveness import idle_socket_is_readable
-from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
+from .redis_boundary import split_url, translated
+from .validation import (
+    check_abandoned,
+    check_age,
+    check_gap,
+    check_lease,
+    check_leases,
+    check_limit,
+    check_owner,
+    check_step_name,
+    check_text,
+    past_the_range,
+)
 
 __all__ = ["RedisStore"]
 
 T = TypeVar("T")
 RENEW_BATCH = 10_000  # leases per renew call (one round trip each)
 READ_BATCH = 1_000  # keys per state or prune call
-MAX_INT = 2**52  # ttls, ages and gaps (ms) stay well inside Lua's exact integers
+MAX_INT = 2**52  # ttls and ages (ms) stay well inside Lua's exact integers
 # No PING before commands, no CLIENT SETINFO on connect (round trips), no retries (a script could run twice)
 _OPTIONS = dict(decode_responses=True, health_check_interval=0, driver_info=None, retry=Retry(NoBackoff(), 0))
 
@@ -63,7 +72,7 @@ class RedisStore:
 
     def __init__(self, url: str, prefix: str | None = None, timeout: float = 5.0) -> None:
         self.url = url
-        self._target, url_prefix = _split_url(url)
+        self._target, url_prefix = split_url(url)
         if None not in (prefix, url_prefix) and prefix != url_prefix:
             raise errors.ConfigurationError(f"two key prefixes: {prefix!r}, {url_prefix!r} (URL)")
         self.prefix = ("fence:" if url_prefix is None else url_prefix) if prefix is None else prefix
@@ -75,8 +84,8 @@ class RedisStore:
         self._held_lock = threading.Lock()
         self._scripts: dict[str, Script] = {}
         self._pid = 0
-        self._all, self._counter, self._high, self._live, self._index, self._done = (
-            f"{self.prefix}{name}" for name in ("history", "counter", "high", "live", "keys", "done")
+        self._events, self._counter, self._high, self._live, self._index, self._done = (
+            f"{self.prefix}{name}" for name in ("events", "counter", "high", "live", "keys", "done")
         )
 
     def migrate(self) -> None:
@@ -86,6 +95,7 @@ class RedisStore:
 
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
+        check_owner(owner)
         ttl_ms = _ms(validate_ttl(ttl), "ttl")
         # no run: "" (a script argument cannot be nil)
         run_text = codec.dumps_mapping(run, self.max_value_bytes) or ""
@@ -107,7 +117,7 @@ class RedisStore:
         for batch in _chunks(leases, RENEW_BATCH):
             names = [self._k(kind, x.key) for x in batch for kind in ("lease", "history")]
             args = [ttl_ms, *(arg for lease in batch for arg in _who(lease))]
-            keys = [self._all, self._counter, self._high, self._live, *names]
+            keys = [self._events, self._counter, self._high, self._live, *names]
             lost += [batch[i - 1] for i in self._script("renew", keys, args)]
         return lost
 
@@ -140,17 +150,23 @@ class RedisStore:
 
     def refuse(self, lease: Lease, what: str) -> None:
         check_lease(lease)
+        check_text(what, "what was refused")
         self._script("refuse", self._keys(lease.key, "history"), [*_who(lease), what])
 
     def get(self, key: str) -> LeaseState | None:
         return next(iter(self._states([validate_key(key)])), None)
 
     def history(self, key: str | None = None) -> list[HistoryEvent]:
-        name = self._all if key is None else self._k("history", validate_key(key))
+        """One key's list, or every key's (found by SCAN: no global list grows), in event order."""
+        name = None if key is None else self._k("history", validate_key(key))
         with self._io() as client:
-            lines: list[str] = client.lrange(name, 0, -1)  # type: ignore[assignment]
-        events = [{"owner": None, **json.loads(line)} for line in lines]  # JSON of strings; no owner: None
-        return [HistoryEvent(**{**e, "at": float(e["at"]), "token": int(e["token"])}) for e in events]
+            pipe = client.pipeline(transaction=False)
+            for each in [name] if name else self._history_names(client):
+                pipe.lrange(each, 0, -1)
+            lines = [line for per_key in pipe.execute() for line in per_key]
+        events = [{"owner": None, "detail": None, "n": "0", **json.loads(line)} for line in lines]
+        events.sort(key=lambda e: (int(e["n"]), float(e["at"])))  # JSON of strings; no owner: None
+        return [_event(e) for e in events]
 
     def leases(self) -> list[LeaseState]:
         with self._io() as client:
@@ -167,17 +183,18 @@ class RedisStore:
         cutoff, *due = self._script("due", [self._done], [_ms(check_age(older_than), "age")])
         dropped = 0
         for batch in _chunks(due, READ_BATCH):
-            names = [self._k(kind, key) for key in batch for kind in ("lease", "steps")]
+            names = [self._k(kind, key) for key in batch for kind in ("lease", "steps", "history")]
             dropped += int(self._script("prune", [self._done, self._index, *names], [cutoff, *batch]))
         return dropped
 
     def advance(self, gap: int) -> int:
-        if check_gap(gap) > MAX_INT:
-            raise errors.InvalidArgument(f"gap must be at most {MAX_INT}, got {gap}")
-        with self._io() as client:
-            return int(client.incrby(self._counter, gap))
+        floor = self._script("advance", [self._counter], [check_gap(gap)])
+        if floor is None:  # the counter would leave the token range: nothing changed
+            raise past_the_range(gap)
+        return int(floor)
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
+        limit = check_limit(limit)
         grace_ms = _ms(check_age(grace), "age")
         cutoff, *due = self._script("due", [self._live], [grace_ms])
         found: list[Abandoned] = []
@@ -190,7 +207,7 @@ class RedisStore:
         return found[:limit]
 
     def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
-        keys = self._keys(validate_key(seen.key), "lease", "history")
+        keys = self._keys(check_abandoned(seen, max_recoveries, reason).key, "lease", "history")
         args = [seen.key, seen.token, seen.recoveries, max_recoveries, reason, seen.sent]
         attempt = self._script("recover", keys, args)
         return None if attempt is None else int(attempt)
@@ -198,7 +215,7 @@ class RedisStore:
     def close(self) -> None:
         clients, self._client, self._held, self._scripts = (self._held, self._client), None, None, {}
         if self._pid == os.getpid():  # after a fork: the parent's, leave them
-            with _translated(self.url):
+            with translated(self.url):
                 for client in clients:
                     if client is not None:
                         client.close()
@@ -207,12 +224,13 @@ class RedisStore:
         return f"{self.prefix}{kind}:{{{key}}}"
 
     def _keys(self, key: str, *kinds: str) -> list[str]:  # the key's own, then those every write gets
-        return [*(self._k(kind, key) for kind in kinds), self._all, self._counter, self._high, self._live]
+        shared = [self._events, self._counter, self._high, self._live]
+        return [*(self._k(kind, key) for kind in kinds), *shared]
 
     @contextmanager
     def _io(self) -> Iterator[redis.Redis]:
         """This process's client (made again after a fork), inside the one boundary of error translation."""
-        with _translated(self.url):
+        with translated(self.url):
             if self._client is None or self._pid != os.getpid():
                 timeouts = {"socket_timeout": self._timeout, "socket_connect_timeout": self._timeout}
                 self._client = redis.Redis.from_url(self._target, **timeouts, **_OPTIONS)
@@ -242,6 +260,10 @@ class RedisStore:
         if conn is not None and sock is not None and idle_socket_is_readable(sock.fileno()):
             conn.disconnect()  # type: ignore[no-untyped-call]  # the next command connects again
         return self._held
+
+    def _history_names(self, client: redis.Redis) -> list[str]:
+        escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in self.prefix)
+        return sorted(client.scan_iter(match=f"{escaped}history:{{*}}", count=1000))
 
     def _states(self, keys: Sequence[str]) -> list[LeaseState]:
         states = []
@@ -275,60 +297,11 @@ def _state(key: str, now: int, row: list[str | None]) -> LeaseState:
     )
 
 
+def _event(e: dict[str, Any]) -> HistoryEvent:
+    return HistoryEvent(float(e["at"]), e["event"], int(e["token"]), e["owner"], e["detail"], key=e["key"])
+
+
 def _ms(seconds: float, what: str) -> int:
     if seconds * 1000 > MAX_INT:
         raise errors.InvalidArgument(f"{what} of {seconds}s is more than the Redis store can hold")
     return max(1, round(seconds * 1000)) if what == "ttl" else int(seconds * 1000)
-
-
-def _split_url(url: str) -> tuple[str, str | None]:
-    try:
-        parts = urlsplit(url)
-        query, db = parse_qsl(parts.query, keep_blank_values=True), parts.path.strip("/")
-        unknown = {k for k, _ in query} - {*URL_QUERY_ARGUMENT_PARSERS, "prefix"}
-        if unknown or parts.scheme not in ("redis", "rediss") or not (db.isdigit() or not db):
-            raise ValueError(f"unknown parameters {sorted(unknown)}" if unknown else "not Redis")
-        parts.port  # noqa: B018 (raises ValueError for a bad port)
-    except (TypeError, ValueError) as exc:
-        usage = "redis[s]://[[user]:password@]host[:port][/db][?prefix=...]"
-        raise errors.ConfigurationError(f"bad Redis URL {_safe(url)} ({exc}): use {usage}") from exc
-    rest = urlencode([(name, value) for name, value in query if name != "prefix"])
-    return urlunsplit(parts._replace(query=rest)), dict(query).get("prefix")  # the last one wins
-
-
-def _safe(url: object) -> str:
-    head, sep, tail = str(url).partition("://")
-    creds, _, host = tail.rpartition("@")
-    return f"{head}{sep}{creds.partition(':')[0]}:***@{host}" if ":" in creds else str(url)
-
-
-@contextmanager
-def _translated(url: str) -> Iterator[None]:
-    """The one boundary where redis-py exceptions become celery-fence errors (``raise from``)."""
-    where = f"fence store {_safe(url)}"
-    try:
-        yield
-    except errors.FenceError:
-        raise
-    except (redis.AuthenticationError, redis.exceptions.AuthorizationError, NoPermissionError) as exc:
-        raise errors.ConfigurationError(f"{where} refused the credentials: {exc}") from exc
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        fix = "check that Redis runs and is reachable there, or fix fence_store_url"
-        raise errors.StoreUnavailable(f"{where} unavailable: {exc}; {fix}") from exc
-    except redis.ResponseError as exc:
-        raise _response_error(where, exc) from exc
-    except (redis.DataError, UnicodeEncodeError) as exc:
-        raise errors.InvalidArgument(f"{where} cannot take this argument: {exc}") from exc
-    except redis.RedisError as exc:
-        raise errors.StoreUnavailable(f"{where} failed: {exc}") from exc
-
-
-def _response_error(where: str, exc: redis.ResponseError) -> errors.FenceError:
-    message = str(exc).split(" script: ")[0]  # Redis appends the script's sha to a raised error
-    if message.startswith("FENCE_REWOUND "):
-        return errors.TokenRewound(f"{message[14:]}: run 'celery fence advance' on {where}")
-    if "DB index is out of range" in message:
-        return errors.ConfigurationError(
-            f"{where}: no such database ({message}); use one it has (0-15 by default)"
-        )
-    return errors.StoreUnavailable(f"{where} failed: {message}")

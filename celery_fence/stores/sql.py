@@ -8,14 +8,13 @@ Multi-statement work (fenced transactions, steps, refusals) runs in one short ex
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Row, inspect, text
+from sqlalchemy import Connection
 
 from .. import codec
 from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
@@ -31,9 +30,21 @@ from .sql_engine import (
     user_statement_errors,
 )
 from .sql_queries import queries_for
+from .sql_rows import lease_state, renew_params
 from .sql_run import RunTransaction
-from .sql_schema import SCHEMA_VERSION, migrate
-from .validation import check_age, check_gap, check_lease, check_leases, check_step_name
+from .sql_schema import migrate, schema_current
+from .validation import (
+    check_abandoned,
+    check_age,
+    check_gap,
+    check_lease,
+    check_leases,
+    check_limit,
+    check_owner,
+    check_step_name,
+    check_text,
+    past_the_range,
+)
 
 __all__ = ["SQLStore"]
 
@@ -69,7 +80,7 @@ class SQLStore:
         # Checked on the autocommit engine: a process whose runs open no fenced transaction then holds
         # one connection, not one per engine.
         with translate_errors(self.url), self.autocommit_engine.connect() as conn:
-            current = _schema_current(conn)
+            current = schema_current(conn)
         if not current:
             self.migrate()
         self._schema_ready = True
@@ -97,6 +108,7 @@ class SQLStore:
 
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
+        check_owner(owner)
         ttl = validate_ttl(ttl)
         run_text = codec.dumps_mapping(run, self.max_value_bytes)
         params = {"key": key, "owner": owner, "ttl": ttl, "run": run_text}
@@ -121,7 +133,9 @@ class SQLStore:
         ttl = validate_ttl(ttl)
         if not leases:
             return []
-        kept = {(key, int(token)) for key, token in self._hot("renew", self._pairs(leases, ttl))}
+        kept = {
+            (key, int(token)) for key, token in self._hot("renew", renew_params(self.dialect, leases, ttl))
+        }
         lost = [lease for lease in leases if (lease.key, lease.token) not in kept]
         if lost:
             with self._one() as conn:
@@ -206,6 +220,7 @@ class SQLStore:
 
     def refuse(self, lease: Lease, what: str) -> None:
         check_lease(lease)
+        check_text(what, "what was refused")
         with self._one() as conn:
             conn.execute(self.q.log, self.event_params(lease, "refused", detail=what))
 
@@ -215,7 +230,7 @@ class SQLStore:
         validate_key(key)
         with self._one() as conn:
             row = conn.execute(self.q.state, {"key": key}).first()
-        return None if row is None else _state(row)
+        return None if row is None else lease_state(row)
 
     def history(self, key: str | None = None) -> list[HistoryEvent]:
         if key is not None:
@@ -227,7 +242,7 @@ class SQLStore:
 
     def leases(self) -> list[LeaseState]:
         with self._one() as conn:
-            return [_state(row) for row in conn.execute(self.q.leases)]
+            return [lease_state(row) for row in conn.execute(self.q.leases)]
 
     # -- administration --
 
@@ -241,17 +256,27 @@ class SQLStore:
 
     def prune(self, older_than: float) -> int:
         age = check_age(older_than)
-        with self._tx() as conn:
-            conn.execute(self.q.prune_steps, {"age": age})
-            return int(conn.execute(self.q.prune, {"age": age}).rowcount)
+        with self._tx() as conn:  # the keys' steps and history go with them: growth stays bounded
+            keys = [{"key": key} for key in conn.execute(self.q.prune, {"age": age}).scalars()]
+            if keys:
+                conn.execute(self.q.prune_steps, keys)
+                conn.execute(self.q.prune_history, keys)
+            return len(keys)
 
     def advance(self, gap: int) -> int:
+        """One transaction that no acquire can interleave: on PostgreSQL it first takes the lock every
+        ``nextval`` holds shared (see ``sql_queries``); SQLite's transaction is ``BEGIN IMMEDIATE``."""
         check_gap(gap)
-        with self._one() as conn:
-            return int(conn.execute(self.q.advance, {"gap": gap}).scalar_one())
+        with self._tx() as conn:
+            if self.q.lock_counter is not None:
+                conn.execute(self.q.lock_counter)
+            floor = conn.execute(self.q.advance, {"gap": gap}).scalar()
+        if floor is None:  # it would leave the range: nothing changed
+            raise past_the_range(gap)
+        return int(floor)
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
-        params = {"grace": check_age(grace), "limit": limit}
+        params = {"grace": check_age(grace), "limit": check_limit(limit)}
         with self._one() as conn:
             rows = conn.execute(self.q.abandoned, params).all()
         return [
@@ -260,7 +285,7 @@ class SQLStore:
         ]
 
     def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
-        validate_key(seen.key)
+        check_abandoned(seen, max_recoveries, reason)
         reason = reason or f"gave up after {max_recoveries} recoveries"
         params = {
             "key": seen.key,
@@ -299,40 +324,7 @@ class SQLStore:
         with self._one() as conn:
             self._refused(conn, lease, what)
 
-    def _pairs(self, leases: Sequence[Lease], ttl: float) -> dict[str, Any]:
-        if self.dialect == "postgresql":
-            return {
-                "keys": [x.key for x in leases],
-                "tokens": [x.token for x in leases],
-                "ttl": ttl,
-            }
-        return {"pairs": json.dumps([[x.key, x.token] for x in leases]), "ttl": ttl}
-
     @staticmethod
     def event_params(lease: Lease, event: str, **extra: Any) -> dict[str, Any]:
         params = {"key": lease.key, "token": lease.token, "owner": lease.owner, "event": event}
         return {"detail": None, **params, **extra}
-
-
-def _schema_current(conn: Connection) -> bool:
-    if not inspect(conn).has_table("fence_meta"):
-        return False
-    version = conn.execute(text("SELECT value FROM fence_meta WHERE name = 'schema_version'")).scalar()
-    return version == str(SCHEMA_VERSION)
-
-
-def _state(row: Row[Any]) -> LeaseState:
-    expires_in = None if row.expires_in is None else float(row.expires_in)
-    result = codec.loads(row.result)
-    return LeaseState(
-        row.key,
-        int(row.token),
-        row.owner,
-        expires_in,
-        bool(row.done),
-        result,
-        row.dead,
-        int(row.recoveries),
-        int(row.recovery_sent),
-        run=codec.loads(row.run) if row.run else None,
-    )

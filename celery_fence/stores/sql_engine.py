@@ -25,16 +25,21 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import (
     ArgumentError,
+    DataError,
     DBAPIError,
     DisconnectionError,
     IntegrityError,
     InvalidatePoolError,
     NoSuchModuleError,
     SQLAlchemyError,
+    StatementError,
 )
 
 from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable, TokenRewound
 from .liveness import idle_socket_is_readable
+from .sql_schema import RANGE_EXHAUSTED
+from .urls import mask_url
+from .validation import out_of_tokens
 
 __all__ = [
     "RowLocked",
@@ -62,8 +67,11 @@ def create_store_engine(url: str, limits: SessionLimits, autocommit: bool = Fals
     """An engine for explicit transactions, or (``autocommit``) for one statement per transaction."""
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ConfigurationError(f"malformed fence store URL {url!r}: {exc}") from exc
+    except (ArgumentError, ValueError):  # a bad port is a ValueError; the cause would repeat the password
+        raise ConfigurationError(
+            f"malformed fence store URL {mask_url(url)!r}: use dialect[+driver]://[user[:password]@]host"
+            "[:port]/database (the port a number)"
+        ) from None
     try:
         if parsed.get_backend_name() == "sqlite":
             return _private_to_each_process(_sqlite_engine(parsed, limits, autocommit))
@@ -72,7 +80,7 @@ def create_store_engine(url: str, limits: SessionLimits, autocommit: bool = Fals
         return _private_to_each_process(_postgres_engine(parsed, limits, autocommit))
     except (NoSuchModuleError, ImportError) as exc:
         raise ConfigurationError(
-            f"cannot load the driver for {url!r} ({exc}): pip install 'celery-fence[postgres]'"
+            f"cannot load the driver for {mask_url(url)!r} ({exc}): pip install 'celery-fence[postgres]'"
         ) from exc
 
 
@@ -195,6 +203,10 @@ def translate_errors(url: str) -> Iterator[None]:
         raise
     except DBAPIError as exc:
         raise _translate_dbapi(url, exc) from exc
+    except StatementError as exc:  # the driver could not even send a parameter: the value is the problem
+        if isinstance(exc.orig, (ValueError, OverflowError)):  # UnicodeError is a ValueError
+            raise InvalidArgument(f"the store cannot take this value: {exc.orig}") from exc
+        raise StoreUnavailable(f"fence store {safe_url(url)} failed: {exc}") from exc
     except SQLAlchemyError as exc:
         raise StoreUnavailable(f"fence store {safe_url(url)} failed: {exc}") from exc
 
@@ -231,11 +243,18 @@ def _translate_dbapi(url: str, exc: DBAPIError) -> FenceError:
     code = getattr(exc.orig, "sqlstate", None)
     if code == "55P03":
         return RowLocked(f"fence store {safe_url(url)}: a row is locked: {message.splitlines()[0]}")
+    return _translate_refusal(url, exc, message, code)
+
+
+def _translate_refusal(url: str, exc: DBAPIError, message: str, code: str | None) -> FenceError:
     if code == "FE001" or "fence token counter rewound" in message:
         return TokenRewound(f"{message.splitlines()[0]}: run 'celery fence advance' on {safe_url(url)}")
+    if code == "2200H" or RANGE_EXHAUSTED in message:  # the token sequence reached its MAXVALUE
+        return out_of_tokens()
     if isinstance(exc, IntegrityError):
         return InvalidArgument(f"the store refused a duplicate: {message.splitlines()[0]}")
-    if code in ("22001", "22021", "22P02") or isinstance(exc.orig, (sqlite3.DataError, OverflowError)):
+    # Class 22 is "data exception" (a value out of range, NUL in text...): waiting cannot heal it.
+    if (code or "").startswith("22") or isinstance(exc, DataError) or isinstance(exc.orig, OverflowError):
         return InvalidArgument(f"the store refused a value: {message.splitlines()[0]}")
     if (
         exc.connection_invalidated
@@ -248,7 +267,4 @@ def _translate_dbapi(url: str, exc: DBAPIError) -> FenceError:
 
 def safe_url(url: str) -> str:
     """``url`` with its password hidden, for messages."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "<malformed url>"
+    return mask_url(url)

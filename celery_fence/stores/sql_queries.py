@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import TextClause, text
 
+from ..lease import MAX_TOKEN
+
 __all__ = ["Queries", "queries_for"]
 
 _HELD = "NOT fence_leases.done AND fence_leases.expires_at IS NOT NULL"
@@ -38,19 +40,26 @@ class _Dialect:
     now: str
     next_token: str
     pairs: str  # a row source of (key, token) from one parameter :pairs
-    advance: str
+    advance: str  # no row: the gap would take the counter past MAX_TOKEN
+    lock_counter: str | None  # run first in advance's transaction: no token is issued until it ends
     # An acquire that meets the row locked by its holder's open transaction fails at once (55P03, read as
     # LeaseHeld) instead of waiting behind it: the CTE's NOWAIT lock is taken because the WHERE reads it.
     probe: str = ""
     probe_where: str = "WHERE true"  # SQLite needs a WHERE on INSERT ... SELECT ... ON CONFLICT
 
 
+# Every nextval holds this advisory lock shared (to the end of its statement) and advance holds it
+# exclusively: nextval works outside transactions, so without it an acquire could run between advance's
+# read of the sequence and its setval, and the setval would move the sequence back over issued tokens.
+_TOKENS_LOCK = "hashtext('celery_fence.fence_token_seq')"
+
 _POSTGRES = _Dialect(
     now="extract(epoch from clock_timestamp())",
-    next_token="nextval('fence_token_seq')",
+    next_token=f"(SELECT nextval('fence_token_seq') FROM pg_advisory_xact_lock_shared({_TOKENS_LOCK}))",
     pairs="SELECT k, t FROM unnest(CAST(:keys AS text[]), CAST(:tokens AS bigint[])) AS p(k, t)",
-    advance="SELECT setval('fence_token_seq', "
-    "(SELECT last_value FROM fence_token_seq) + CAST(:gap AS bigint))",
+    advance="SELECT setval('fence_token_seq', last_value + CAST(:gap AS bigint)) FROM fence_token_seq"
+    f" WHERE last_value + CAST(:gap AS bigint) <= {MAX_TOKEN}",
+    lock_counter=f"SELECT pg_advisory_xact_lock({_TOKENS_LOCK})",
     probe="WITH probe AS (SELECT 1 FROM fence_leases WHERE key = :key FOR UPDATE NOWAIT)",
     probe_where="WHERE (SELECT count(*) FROM probe) >= 0",
 )
@@ -58,7 +67,9 @@ _SQLITE = _Dialect(
     now="((julianday('now') - 2440587.5) * 86400.0)",
     next_token="((SELECT value FROM fence_counter WHERE id = 1) + 1)",
     pairs="SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:pairs)",
-    advance="UPDATE fence_counter SET value = value + :gap WHERE id = 1 RETURNING value",
+    advance=f"UPDATE fence_counter SET value = value + :gap WHERE id = 1 AND value + :gap <= {MAX_TOKEN}"
+    " RETURNING value",
+    lock_counter=None,  # the transaction is BEGIN IMMEDIATE: one writer at a time
 )
 
 
@@ -80,8 +91,10 @@ class Queries:
     leases: TextClause
     force_release: TextClause
     prune_steps: TextClause
+    prune_history: TextClause
     prune: TextClause
     advance: TextClause
+    lock_counter: TextClause | None
     abandoned: TextClause
     recover: TextClause
 
@@ -150,11 +163,11 @@ def queries_for(dialect_name: str) -> Queries:
             UPDATE fence_leases SET token = {d.next_token}, owner = NULL, expires_at = NULL,
               event = 'admin-release', detail = NULL
             WHERE key = :key RETURNING token"""),
-        prune_steps=text(f"""
-            DELETE FROM fence_steps WHERE key IN (SELECT key FROM fence_leases
-              WHERE done AND finished_at <= {d.now} - :age)"""),
-        prune=text(f"DELETE FROM fence_leases WHERE done AND finished_at <= {d.now} - :age"),
+        prune_steps=text("DELETE FROM fence_steps WHERE key = :key"),
+        prune_history=text("DELETE FROM fence_history WHERE key = :key"),
+        prune=text(f"DELETE FROM fence_leases WHERE done AND finished_at <= {d.now} - :age RETURNING key"),
         advance=text(d.advance),
+        lock_counter=None if d.lock_counter is None else text(d.lock_counter),
         abandoned=text(f"""
             SELECT key, token, run, recoveries, recovery_sent FROM fence_leases WHERE {_abandoned(d.now)}
             ORDER BY expires_at LIMIT :limit"""),

@@ -27,12 +27,14 @@ from sqlalchemy import (
 )
 
 from ..errors import ConfigurationError
+from ..lease import MAX_TOKEN
 
-__all__ = ["SCHEMA_VERSION", "metadata", "migrate"]
+__all__ = ["SCHEMA_VERSION", "metadata", "migrate", "schema_current"]
 
-SCHEMA_VERSION = 2  # 2: fence_leases.recovery_sent
+# 2: fence_leases.recovery_sent; tokens capped at 2**53 - 1 (sequence MAXVALUE, SQLite range triggers)
+SCHEMA_VERSION = 2
 metadata = MetaData()
-token_seq = Sequence("fence_token_seq", metadata=metadata)
+token_seq = Sequence("fence_token_seq", maxvalue=MAX_TOKEN, metadata=metadata)
 
 fence_meta = Table(
     "fence_meta",
@@ -104,7 +106,16 @@ END $$;
 DROP TRIGGER IF EXISTS fence_leases_audit ON fence_leases;
 CREATE TRIGGER fence_leases_audit AFTER INSERT OR UPDATE OF event ON fence_leases
   FOR EACH ROW EXECUTE FUNCTION fence_leases_audit();
+-- Cap the sequence of a schema made before version 2. Only when needed, and after the trigger (the lock
+-- order of an acquire: lease table, then sequence), so a migrate beside running acquires cannot deadlock.
+DO $$ BEGIN
+  IF (SELECT seqmax FROM pg_sequence WHERE seqrelid = 'fence_token_seq'::regclass) <> %(max)s THEN
+    ALTER SEQUENCE fence_token_seq MAXVALUE %(max)s;
+  END IF;
+END $$;
 """
+
+RANGE_EXHAUSTED = "fence token range exhausted"
 
 _SQLITE_AUDIT = """
   UPDATE fence_counter SET value = NEW.token WHERE id = 1 AND value < NEW.token;
@@ -119,6 +130,12 @@ _SQLITE_TRIGGERS = [
     f"CREATE TRIGGER IF NOT EXISTS fence_leases_audit_update AFTER UPDATE OF event ON fence_leases"
     f" BEGIN {_SQLITE_AUDIT} END",
     "INSERT INTO fence_counter (id, value) SELECT 1, 0 WHERE NOT EXISTS (SELECT 1 FROM fence_counter)",
+    # Tokens stay in [1, 2**53 - 1]: past it SQLite would store a REAL and hand one token out twice.
+    *(
+        f"CREATE TRIGGER IF NOT EXISTS fence_leases_range_{op} BEFORE {op} ON fence_leases"
+        f" WHEN NEW.token > {MAX_TOKEN} BEGIN SELECT RAISE(ABORT, '{RANGE_EXHAUSTED}'); END"
+        for op in ("insert", "update")
+    ),
 ]
 
 
@@ -139,21 +156,21 @@ def migrate(conn: Connection) -> None:
     metadata.create_all(conn, checkfirst=True)
     _add_missing_columns(conn)
     if postgres:
-        conn.exec_driver_sql(_PG_TRIGGER)
+        conn.exec_driver_sql(_PG_TRIGGER.replace("%(max)s", str(MAX_TOKEN)))
     else:
         for statement in _SQLITE_TRIGGERS:
             conn.exec_driver_sql(statement)
-    row = conn.execute(fence_meta.select().where(fence_meta.c.name == "schema_version")).first()
+    version = fence_meta.c.name == "schema_version"
+    row = conn.execute(fence_meta.select().where(version)).first()
     if row is None:
         conn.execute(fence_meta.insert().values(name="schema_version", value=str(SCHEMA_VERSION)))
+    elif int(row.value) < SCHEMA_VERSION:  # every step above is idempotent: this was the upgrade
+        conn.execute(fence_meta.update().where(version).values(value=str(SCHEMA_VERSION)))
     elif int(row.value) > SCHEMA_VERSION:
         raise ConfigurationError(
             f"the fence schema is version {row.value}, newer than this celery-fence "
             f"({SCHEMA_VERSION}); upgrade celery-fence"
         )
-    elif int(row.value) < SCHEMA_VERSION:
-        version = fence_meta.update().where(fence_meta.c.name == "schema_version")
-        conn.execute(version.values(value=str(SCHEMA_VERSION)))
 
 
 def _add_missing_columns(conn: Connection) -> None:
@@ -163,3 +180,10 @@ def _add_missing_columns(conn: Connection) -> None:
         conn.exec_driver_sql(
             "ALTER TABLE fence_leases ADD COLUMN recovery_sent INTEGER NOT NULL DEFAULT 0"
         )
+
+
+def schema_current(conn: Connection) -> bool:
+    if not inspect(conn).has_table("fence_meta"):
+        return False
+    version = conn.execute(text("SELECT value FROM fence_meta WHERE name = 'schema_version'")).scalar()
+    return version == str(SCHEMA_VERSION)

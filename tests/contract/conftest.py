@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from .checks import seed
 from .harness import HARNESSES, Harness
 
 
@@ -21,3 +22,9 @@ def store(harness: Harness, request: pytest.FixtureRequest) -> Iterator[Any]:
 @pytest.fixture
 def expire(harness: Harness, store: Any) -> Any:
     return lambda: harness.expire_all(store)
+
+
+@pytest.fixture
+def seeded(store: Any, expire: Any) -> Any:
+    """``(store, live lease)``: a store holding a live lease, a finished key, a step and a refusal."""
+    return seed(store, expire)

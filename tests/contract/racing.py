@@ -57,16 +57,23 @@ def _racer(url: str, keys: list[str], rounds: int, seed: int, out: Any) -> None:
     out.put((tokens, completed, refused))
 
 
-def race(url: str, keys: list[str], processes: int, rounds: int) -> RaceResult:
+def in_processes(target: Any, args: list[tuple[Any, ...]]) -> list[Any]:
+    """Run ``target(*each, out)`` in one forked process per ``each``; what each put on ``out``, in order
+    of arrival. Every process must exit cleanly."""
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_racer, args=(url, keys, rounds, seed, out)) for seed in range(processes)]
+    procs = [ctx.Process(target=target, args=(*each, out)) for each in args]
     for p in procs:
         p.start()
     reports = [out.get(timeout=120) for _ in procs]
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
+    return reports
+
+
+def race(url: str, keys: list[str], processes: int, rounds: int) -> RaceResult:
+    reports = in_processes(_racer, [(url, keys, rounds, seed) for seed in range(processes)])
     result = RaceResult()
     counts: Counter[str] = Counter()
     for tokens, completed, refused in reports:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any
 
@@ -11,7 +10,6 @@ import pytest
 
 from celery_fence import (
     ConfigurationError,
-    FenceError,
     InvalidArgument,
     Lease,
     LeasePolicy,
@@ -20,42 +18,13 @@ from celery_fence import (
 )
 from celery_fence.config import FenceConfig
 
-TTL = 30.0
+from .checks import TTL, lease_calls, refused_cleanly
+
 BAD_KEYS = ["", "x" * 1025, None, 7, 1.5, b"bytes", ["k"], {"k": 1}]
 BAD_TTLS = [0, -1, -0.0, math.nan, math.inf, -math.inf, "5", True, None, [1]]
 # bytes are carried, as in Celery's JSON (test_store_contract.py: results ... keep the types)
 UNSERIALIZABLE = [object(), {1, 2}, 1 + 2j, math.nan, {"a": object()}, {(1, 2): "tuple key"}]
 OVERSIZE = "x" * (16 * 1024 * 1024 + 1)
-
-
-def dump(store: Any) -> Any:
-    """Everything a store holds, except the seconds left on live leases (time passes while we look)."""
-    states = [
-        (s.key, s.token, s.owner, s.done, s.result, s.dead, s.expires_in is None) for s in store.leases()
-    ]
-    return states, store.history(), {s[0]: store.steps(s[0]) for s in states}
-
-
-@pytest.fixture
-def seeded(store: Any, expire: Any) -> Any:
-    """A store with a live lease, a finished key, a step and a refusal, so there is something to break."""
-    done = store.acquire("done", "a", TTL)
-    store.save_step(done, "one", 1)
-    store.complete(done, {"ok": True})
-    old = store.acquire("live", "a", TTL)
-    expire()
-    live = store.acquire("live", "b", TTL)
-    with contextlib.suppress(FenceError):
-        store.complete(old, "stale")
-    return store, live
-
-
-def _refused_cleanly(store: Any, call: Any, *errors: type[BaseException]) -> None:
-    before = dump(store)
-    with pytest.raises(FenceError) as info:
-        call()
-    assert isinstance(info.value, errors or (FenceError,)), repr(info.value)
-    assert dump(store) == before, "bad input changed the store"
 
 
 @pytest.mark.parametrize("key", BAD_KEYS)
@@ -70,22 +39,22 @@ def test_bad_keys_everywhere(seeded: Any, key: Any) -> None:
     if key is not None:  # history(None) is every key's history
         calls.append(lambda: store.history(key))
     for call in calls:
-        _refused_cleanly(store, call, InvalidArgument)
+        refused_cleanly(store, call, InvalidArgument)
 
 
 @pytest.mark.parametrize("ttl", BAD_TTLS)
 def test_bad_ttls_everywhere(seeded: Any, ttl: Any) -> None:
     store, live = seeded
-    _refused_cleanly(store, lambda: store.acquire("new", "a", ttl), InvalidArgument)
-    _refused_cleanly(store, lambda: store.renew([live], ttl), InvalidArgument)
+    refused_cleanly(store, lambda: store.acquire("new", "a", ttl), InvalidArgument)
+    refused_cleanly(store, lambda: store.renew([live], ttl), InvalidArgument)
 
 
 @pytest.mark.parametrize("value", [*UNSERIALIZABLE, OVERSIZE], ids=lambda v: type(v).__name__)
 def test_unserializable_and_oversize_values(seeded: Any, value: Any) -> None:
     store, live = seeded
-    _refused_cleanly(store, lambda: store.complete(live, value), NotSerializable)
-    _refused_cleanly(store, lambda: store.save_step(live, "s", value), NotSerializable)
-    _refused_cleanly(
+    refused_cleanly(store, lambda: store.complete(live, value), NotSerializable)
+    refused_cleanly(store, lambda: store.save_step(live, "s", value), NotSerializable)
+    refused_cleanly(
         store, lambda: store.acquire("new", "a", TTL, {"task": "t", "args": [value]}), NotSerializable
     )
 
@@ -106,32 +75,26 @@ def test_unserializable_and_oversize_values(seeded: Any, value: Any) -> None:
 )
 def test_bad_leases_everywhere(seeded: Any, lease: Any) -> None:
     store, _ = seeded
-    for call in (
-        lambda: store.renew([lease], TTL),
-        lambda: store.complete(lease, 1),
-        lambda: store.release(lease),
-        lambda: store.save_step(lease, "s", 1),
-        lambda: store.refuse(lease, "x"),
-    ):
-        _refused_cleanly(store, call, InvalidArgument)
+    for call in lease_calls(store, lease):
+        refused_cleanly(store, call, InvalidArgument)
 
 
 @pytest.mark.parametrize("name", ["", None, 5, "x" * 201])
 def test_bad_step_names(seeded: Any, name: Any) -> None:
     store, live = seeded
-    _refused_cleanly(store, lambda: store.save_step(live, name, 1), InvalidArgument)
+    refused_cleanly(store, lambda: store.save_step(live, name, 1), InvalidArgument)
 
 
 @pytest.mark.parametrize("gap", [0, -1, 1.5, "10", True, None])
 def test_bad_advance_gaps(seeded: Any, gap: Any) -> None:
     store, _ = seeded
-    _refused_cleanly(store, lambda: store.advance(gap), InvalidArgument)
+    refused_cleanly(store, lambda: store.advance(gap), InvalidArgument)
 
 
 @pytest.mark.parametrize("age", [-1, math.nan, math.inf, "1d", None])
 def test_bad_prune_ages(seeded: Any, age: Any) -> None:
     store, _ = seeded
-    _refused_cleanly(store, lambda: store.prune(age), InvalidArgument)
+    refused_cleanly(store, lambda: store.prune(age), InvalidArgument)
 
 
 @pytest.mark.parametrize(

@@ -237,7 +237,7 @@ def test_keys_with_slashes_and_unicode_stay_apart(estore: EtcdStore) -> None:
     assert [s.key for s in estore.leases()] == sorted(["a", "a/b", "a%2Fb", "ä/€"])
 
 
-def test_prune_drops_steps_and_keeps_history(estore: EtcdStore) -> None:
+def test_prune_drops_steps_and_history(estore: EtcdStore) -> None:
     lease = estore.acquire("k", "a", TTL)
     estore.save_step(lease, "s", 1)
     estore.complete(lease, 1)
@@ -245,7 +245,7 @@ def test_prune_drops_steps_and_keeps_history(estore: EtcdStore) -> None:
     assert estore.prune(3600) == 0
     assert estore.prune(0) == 1
     assert (estore.get("k"), estore.steps("k")) == (None, {})
-    assert [e.event for e in estore.history("k")] == ["acquire", "step", "complete"]
+    assert estore.history("k") == []  # the history goes with the key (issue 14: growth is bounded)
     assert estore.get("live") is not None
     estore.complete(live, 2)
 

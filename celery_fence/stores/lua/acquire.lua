@@ -1,5 +1,5 @@
 -- acquire: take the lease on a key if it is free or expired, with a new token from the counter.
--- KEYS[1] lease hash   KEYS[2] key history   KEYS[3] global history   KEYS[4] counter
+-- KEYS[1] lease hash   KEYS[2] key history   KEYS[3] event counter   KEYS[4] counter
 -- KEYS[5] witnessed high token   KEYS[6] leased keys (zset: key -> expiry)   KEYS[7] key index (set)
 -- ARGV[1] key   ARGV[2] owner   ARGV[3] ttl in ms   ARGV[4] run (JSON) or ''
 -- Returns {'ok', token[, ms the taken-over lease had been expired]} | {'own', token} (our own, retried)
@@ -16,7 +16,7 @@ if exp and exp > now then
   end
   return {'held', h[2], int(exp - now)}
 end
-local token = next_token(KEYS[4], KEYS[5], KEYS[3], tonumber(h[1]) or 0)
+local token = next_token(KEYS[4], KEYS[5], tonumber(h[1]) or 0)
 local until_ms = int(now + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'token', token, 'owner', ARGV[2], 'exp', until_ms)
 redis.call('HDEL', KEYS[1], 'run', 'dead', 'recat', 'sent') -- the recovery count ('rec') carries over

@@ -2,7 +2,10 @@
 -- loading it, so every operation stays one self-contained EVALSHA. Not a script on its own.
 --
 -- Tokens and store-clock milliseconds are Lua doubles: exact below 2^53, written with '%d' (tostring
--- would print only 14 significant digits). History lines are JSON objects of strings.
+-- would print only 14 significant digits). Tokens stay in [1, MAX_TOKEN]: the Python side refuses any
+-- other, and no script issues one above it. History lines are JSON objects of strings.
+
+local MAX_TOKEN = 9007199254740991 -- 2^53 - 1
 
 local function int(n)
   return string.format('%d', n)
@@ -15,12 +18,13 @@ local function clock()
   return ms, t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
 end
 
--- Append one event to the key's history and to the global history (both lists, oldest first).
-local function log(hist, all, at, key, event, token, owner, detail)
-  local line = cjson.encode({at = at, event = event, token = token, owner = owner or nil,
-                             detail = detail, key = key})
-  redis.call('RPUSH', hist, line)
-  redis.call('RPUSH', all, line)
+-- Append one event to the key's history (a list, oldest first), numbered by the store-wide event
+-- counter so that every key's history reads back in one order. No global list: prune drops a key's
+-- history with the key, and nothing else grows.
+local function log(hist, events, at, key, event, token, owner, detail)
+  local n = int(redis.call('INCR', events))
+  redis.call('RPUSH', hist, cjson.encode({at = at, event = event, token = token, owner = owner or nil,
+                                          detail = detail, key = key, n = n}))
 end
 
 -- Is token the key's current token: the same token, leased (not released) and not finished? An
@@ -30,29 +34,34 @@ local function is_current(lease, token)
   return h[1] == token and h[2] ~= false and h[3] ~= '1', h[1]
 end
 
--- A token that a client presents above the counter proves that the counter went back (a restart
--- without persistence, a failover): remember the highest such token so that none up to it is issued
--- again. Under normal operation every presented token is at most the counter: nothing is written.
-local function witness(counter, high, token)
+-- A key whose stored token is above the counter proves that the counter went back (an evicted counter,
+-- a failover): remember it so that no token up to it is issued again. Only the store's own record counts
+-- (stored, the key's token in its lease hash): a token a client merely presents may be forged, and one
+-- forged token must never raise the floor (every later acquire would be refused).
+local function witness(counter, high, token, stored)
   local t = tonumber(token)
+  if stored ~= token or t > MAX_TOKEN then
+    return
+  end
   if t > tonumber(redis.call('GET', counter) or '0') and t > tonumber(redis.call('GET', high) or '0') then
     redis.call('SET', high, int(t))
   end
 end
 
 -- The next token from the one counter. Refused (FENCE_REWOUND, nothing written) unless it is above
--- the key's own token (floor), every token witnessed above the counter, and the token of the last
--- event in the global history.
-local function next_token(counter, high, all, floor)
+-- the key's own token (floor) and the highest token issued or witnessed (kept apart from the counter,
+-- so an evicted or set-back counter is caught on every key); FENCE_RANGE past MAX_TOKEN.
+local function next_token(counter, high, floor)
   local nxt = tonumber(redis.call('GET', counter) or '0') + 1
   floor = math.max(floor, tonumber(redis.call('GET', high) or '0'))
-  local last = redis.call('LINDEX', all, -1)
-  if last then
-    floor = math.max(floor, tonumber(cjson.decode(last).token))
-  end
   if nxt <= floor then
     error(redis.error_reply('FENCE_REWOUND fence token counter rewound: the next token ' .. int(nxt) ..
       ' is not above token ' .. int(floor) .. ', issued before'))
   end
-  return int(redis.call('INCR', counter))
+  if nxt > MAX_TOKEN then
+    error(redis.error_reply('FENCE_RANGE the token counter reached 2^53 - 1'))
+  end
+  local token = int(redis.call('INCR', counter))
+  redis.call('SET', high, token)
+  return token
 end

@@ -1,11 +1,11 @@
 -- complete: store the result, mark the key done and release the lease, iff the token is current.
--- KEYS[1] lease hash   KEYS[2] key history   KEYS[3] global history   KEYS[4] counter
+-- KEYS[1] lease hash   KEYS[2] key history   KEYS[3] event counter   KEYS[4] counter
 -- KEYS[5] witnessed high token   KEYS[6] leased keys (zset)   KEYS[7] finished keys (zset: key -> ms)
 -- ARGV[1] key   ARGV[2] token   ARGV[3] owner   ARGV[4] result (JSON)
 -- Returns {'ok'} | {'stale', current token or nil} (the refusal is recorded).
 local now, at = clock()
-witness(KEYS[4], KEYS[5], ARGV[2])
 local current, token = is_current(KEYS[1], ARGV[2])
+witness(KEYS[4], KEYS[5], ARGV[2], token)
 if not current then
   log(KEYS[2], KEYS[3], at, ARGV[1], 'refused', ARGV[2], ARGV[3], 'complete')
   return {'stale', token}

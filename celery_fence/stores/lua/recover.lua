@@ -1,7 +1,7 @@
 -- recover: claim the re-send of an abandoned run iff the key is unchanged since it was seen (same
 -- token and counts: one recoverer wins) and still abandoned (expired, not done, not dead). The copy is
 -- counted as sent; the acquire that starts it moves it to 'rec' (only started copies count).
--- KEYS[1] lease hash   KEYS[2] key history   KEYS[3] global history   KEYS[4] counter
+-- KEYS[1] lease hash   KEYS[2] key history   KEYS[3] event counter   KEYS[4] counter
 -- KEYS[5] witnessed high token   KEYS[6] leased keys (zset)
 -- ARGV[1] key   ARGV[2] token seen   ARGV[3] recoveries seen   ARGV[4] max recoveries   ARGV[5] reason
 -- ARGV[6] copies sent (not started) seen

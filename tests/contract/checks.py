@@ -1,0 +1,55 @@
+"""Helpers shared by the contract suite's bad-input tests: a dump of everything a store holds, and the
+check that a refused call raised a FenceError and changed nothing."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+
+from celery_fence import FenceError
+
+TTL = 30.0
+MAX_TOKEN = 2**53 - 1
+
+
+def dump(store: Any) -> Any:
+    """Everything a store holds, except the seconds left on live leases (time passes while we look)."""
+    states = [
+        (s.key, s.token, s.owner, s.done, s.result, s.dead, s.expires_in is None) for s in store.leases()
+    ]
+    return states, store.history(), {s[0]: store.steps(s[0]) for s in states}
+
+
+def seed(store: Any, expire: Any) -> Any:
+    """A live lease, a finished key, a step and a refusal, so there is something to break."""
+    done = store.acquire("done", "a", TTL)
+    store.save_step(done, "one", 1)
+    store.complete(done, {"ok": True})
+    old = store.acquire("live", "a", TTL)
+    expire()
+    live = store.acquire("live", "b", TTL)
+    with contextlib.suppress(FenceError):
+        store.complete(old, "stale")
+    return store, live
+
+
+def lease_calls(store: Any, lease: Any) -> list[Any]:
+    """Every call that takes a lease, with that lease."""
+    return [
+        lambda: store.renew([lease], TTL),
+        lambda: store.complete(lease, 1),
+        lambda: store.release(lease),
+        lambda: store.save_step(lease, "s", 1),
+        lambda: store.refuse(lease, "x"),
+    ]
+
+
+def refused_cleanly(store: Any, call: Any, *errors: type[BaseException]) -> FenceError:
+    before = dump(store)
+    with pytest.raises(FenceError) as info:
+        call()
+    assert isinstance(info.value, errors or (FenceError,)), repr(info.value)
+    assert dump(store) == before, "bad input changed the store"
+    return info.value

@@ -1,0 +1,66 @@
+"""Growth is bounded (issue 14, point 6): ``prune`` drops the history of the keys it drops, on every store,
+and a store's raw size stays flat across many acquire / complete / prune cycles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from sqlalchemy import text
+
+from celery_fence.stores.etcd_gateway import get
+
+from .checks import TTL
+
+CYCLES, KEYS_PER_CYCLE = 5, 20
+
+
+def footprint(store: Any, name: str) -> int:
+    """Everything the store keeps, counted at the store itself (rows, list items, keys)."""
+    if name == "memory":
+        return len(store._rows) + len(store._history) + sum(map(len, store._steps.values()))
+    if name in ("sqlite", "postgresql"):
+        with store.engine.connect() as conn:
+            tables = ("fence_leases", "fence_history", "fence_steps")
+            return sum(int(conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()) for t in tables)
+    if name == "redis":
+        with redis.Redis.from_url(store.url.partition("?")[0], decode_responses=True) as client:
+            size = 0
+            for key in client.scan_iter(match=f"{store.prefix}*"):
+                kind = client.type(key)
+                length = {"list": client.llen, "hash": client.hlen, "set": client.scard, "zset": client.zcard}
+                size += int(length[kind](key)) if kind in length else 1
+            return size
+    assert name == "etcd"
+    return len(store._read([get(store.prefix, prefix=True, keys_only=True)]).kvs(1))
+
+
+def _cycle(store: Any, prefix: str) -> None:
+    for i in range(KEYS_PER_CYCLE):
+        lease = store.acquire(f"{prefix}-{i}", "w", TTL)
+        store.save_step(lease, "s", i)
+        store.complete(lease, i)
+    assert store.prune(0.0) == KEYS_PER_CYCLE
+
+
+def test_prune_drops_the_history_of_the_keys_it_drops(store: Any) -> None:
+    for key in ("a", "b"):
+        lease = store.acquire(key, "w", TTL)
+        store.save_step(lease, "s", 1)
+        store.complete(lease, 1)
+    live = store.acquire("live", "w", TTL)
+    assert store.prune(0.0) == 2
+    assert store.history("a") == store.history("b") == []
+    assert {e.key for e in store.history()} == {"live"}
+    assert store.renew([live], TTL) == []
+    assert store.acquire("a", "w", TTL).token > live.token  # tokens never go back
+
+
+def test_size_stays_flat_across_cycles(store: Any, harness: Any) -> None:
+    live = store.acquire("live", "w", TTL)  # a key that stays: its own history is not pruned
+    _cycle(store, "warm")
+    before = footprint(store, harness.name)
+    for n in range(CYCLES):
+        _cycle(store, f"c{n}")
+    assert footprint(store, harness.name) <= before
+    store.complete(live, "done")

@@ -1,0 +1,99 @@
+"""No secret in errors (issue 14, point 11): every kind of bad store URL, with a password in it, is opened
+and used; no message, ``repr``, chained cause or log record may show the password."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any
+
+import pytest
+
+from celery_fence import FenceError, open_store
+from celery_fence.config import FenceConfig
+from celery_fence.stores.urls import mask_url
+from celery_fence.testing import StoreProxy
+
+SECRET = "Pa55-w0rd-xyzzy"
+
+BAD_URLS = {
+    "unknown scheme": f"nope://app:{SECRET}@db.example/shop",
+    "unknown scheme, no host": f"mysql://app:{SECRET}@/shop",
+    "unloadable driver suffix": f"postgresql+nosuchdriver://app:{SECRET}@127.0.0.1/shop",
+    "async driver": f"postgresql+asyncpg://app:{SECRET}@127.0.0.1/shop",
+    "non-numeric port": f"postgresql://app:{SECRET}@127.0.0.1:abc/shop",
+    "malformed host": f"postgresql://app:{SECRET}@[::1/shop",
+    "nothing listens (postgresql)": f"postgresql://app:{SECRET}@127.0.0.1:1/shop",
+    "in-memory sqlite": f"sqlite://app:{SECRET}@/:memory:",
+    "redis, non-numeric port": f"redis://:{SECRET}@127.0.0.1:abc/0",
+    "redis, unknown parameter": f"redis://:{SECRET}@127.0.0.1/0?bogus=1",
+    "redis, bad database": f"redis://:{SECRET}@127.0.0.1/zero",
+    "redis, nothing listens": f"redis://:{SECRET}@127.0.0.1:1/0",
+    "etcd with userinfo": f"etcd://app:{SECRET}@127.0.0.1:2379/fence/",
+    "etcd, bad port": f"etcd://app:{SECRET}@127.0.0.1:abc/fence/",
+    "a secret in the query": f"postgresql://app@127.0.0.1:1/shop?password={SECRET}",
+}
+
+
+def _texts(exc: BaseException | None) -> list[str]:
+    """The message and repr of ``exc`` and of every exception chained to it, and its whole traceback."""
+    texts = []
+    seen = exc
+    if exc is not None:
+        texts.append("".join(traceback.format_exception(exc)))
+    while seen is not None:
+        texts += [str(seen), repr(seen)]
+        seen = seen.__cause__ or seen.__context__
+    return texts
+
+
+def _use(url: str) -> None:
+    store = open_store(url)
+    try:
+        assert SECRET not in repr(store)
+        store.get("k")
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("url", BAD_URLS.values(), ids=BAD_URLS.keys())
+def test_no_password_in_any_error_or_log(url: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(FenceError) as info:
+        _use(url)
+    for text in _texts(info.value):
+        assert SECRET not in text, text
+    for record in caplog.records:
+        assert SECRET not in record.getMessage()
+        assert SECRET not in "".join(_texts(record.exc_info[1] if record.exc_info else None))
+
+
+@pytest.mark.parametrize("url", BAD_URLS.values(), ids=BAD_URLS.keys())
+def test_no_password_in_configuration_errors(url: str) -> None:
+    try:
+        FenceConfig.from_conf({"fence_store_url": url})
+    except FenceError as exc:
+        assert all(SECRET not in text for text in _texts(exc))
+
+
+@pytest.mark.parametrize("url", [f"sqlite://app:{SECRET}@/x.db", f"memory://app:{SECRET}@x"])
+def test_the_fault_kit_masks_urls_too(url: str) -> None:
+    with pytest.raises(ValueError) as info:
+        StoreProxy.for_url(url)
+    assert SECRET not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (f"postgresql://app:{SECRET}@db/shop", "postgresql://app:***@db/shop"),
+        (f"redis://:{SECRET}@cache:6379/0?prefix=x", "redis://:***@cache:6379/0?prefix=x"),
+        (f"redis://cache/0?password={SECRET}", "redis://cache/0?password=***"),
+        (f"postgresql://app:a/b@c{SECRET}@db/shop", "postgresql://app:***@db/shop"),
+        ("sqlite:///fence.db", "sqlite:///fence.db"),
+        ("etcd://127.0.0.1:2379/fence/", "etcd://127.0.0.1:2379/fence/"),
+        (None, "None"),
+    ],
+)
+def test_mask_url(url: Any, shown: str) -> None:
+    assert mask_url(url) == shown
