@@ -8,7 +8,10 @@ transaction (``begin_run``) is wrapped too: its ``commit`` is a call like the ot
 
 In a worker process it is switched on by the environment variable ``CELERY_FENCE_STORE_FAULTS``: a JSON list
 of faults, e.g. ``[{"method": "complete", "nth": 1, "outcome": "lost"}]`` (the first completion of each
-pool process commits and loses its reply).
+pool process commits and loses its reply), or ``{"method": "commit", "rate": 0.1, "outcome": "lost"}``
+(every commit, with probability 0.1: a fault that keeps firing, for soaks; ``"per_key": true`` fires at most
+once per lease key). ``CELERY_FENCE_STORE_FAULTS_LOG`` names a file that gets one line per fault fired
+(``key method outcome``), so a soak can count the runs it faulted.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +30,7 @@ from .errors import FenceError, InvalidArgument, StoreUnavailable
 __all__ = ["CALLS", "ENV", "Fault", "IndeterminateStore", "Outcome", "faults_from_env"]
 
 ENV = "CELERY_FENCE_STORE_FAULTS"
+LOG_ENV = "CELERY_FENCE_STORE_FAULTS_LOG"
 CALLS = ("acquire", "renew", "complete", "release", "save_step", "steps", "refuse", "get", "begin_run")
 
 
@@ -37,14 +42,19 @@ class Outcome(str, enum.Enum):
 
 @dataclass
 class Fault:
-    """Hit the ``nth`` call of ``method`` (any call if ``None``), counted from the wrapper's creation."""
+    """Hit the ``nth`` call of ``method`` (any call if ``None``), counted from the wrapper's creation, once;
+    or, with ``rate``, each call of ``method`` with that probability, for ever."""
 
     outcome: Outcome
     method: str | None = None
     nth: int = 1
+    rate: float | None = None
+    per_key: bool = False
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.outcome)
+        if self.rate is not None and not 0.0 < self.rate <= 1.0:
+            raise InvalidArgument(f"a fault's rate is a probability in (0, 1], got {self.rate!r}")
         if self.method is not None and self.method not in (*CALLS, "commit"):
             raise InvalidArgument(f"unknown store call {self.method!r}: one of {(*CALLS, 'commit')}")
 
@@ -70,6 +80,9 @@ class IndeterminateStore:
         self.calls: list[str] = []
         self.hits: list[tuple[int, str, Outcome]] = []  # (call number, method, outcome) that fired
         self._lock = threading.Lock()
+        self._random = random.Random(os.getpid())  # rate faults: each pool process draws its own
+        self._faulted: set[str] = set()  # keys a per_key fault already hit
+        self._log = os.environ.get(LOG_ENV)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.store, name)
@@ -78,7 +91,7 @@ class IndeterminateStore:
         return lambda *args, **kwargs: self.call(name, attr, args, kwargs)
 
     def call(self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        outcome = self._due(name)
+        outcome = self._due(name, _key_of(args))
         if outcome is None:
             result = fn(*args, **kwargs)
             return _Transaction(self, result) if name == "begin_run" else result
@@ -95,18 +108,38 @@ class IndeterminateStore:
                 result.close()
         raise StoreUnavailable(f"injected: {name} acted at the store, then its reply was lost")
 
-    def _due(self, name: str) -> Outcome | None:
+    def _due(self, name: str, key: str | None) -> Outcome | None:
         with self._lock:
             self.calls.append(name)
             number = len(self.calls)
             count = self.calls.count(name)
             for fault in self.faults:
-                at = number if fault.method is None else count
-                if (fault.method in (None, name)) and at == fault.nth:
+                if fault.method not in (None, name) or (fault.per_key and key in self._faulted):
+                    continue
+                if fault.rate is not None:
+                    if self._random.random() >= fault.rate:
+                        continue
+                elif (number if fault.method is None else count) != fault.nth:
+                    continue
+                else:
                     self.faults.remove(fault)
-                    self.hits.append((number, name, fault.outcome))
-                    return fault.outcome
+                return self._fired(number, name, key, fault)
         return None
+
+    def _fired(self, number: int, name: str, key: str | None, fault: Fault) -> Outcome:
+        self.hits.append((number, name, fault.outcome))
+        if key is not None:
+            self._faulted.add(key)
+        if self._log:
+            with open(self._log, "a") as out:
+                out.write(f"{key} {name} {fault.outcome.value}\n")
+        return fault.outcome
+
+
+def _key_of(args: Any) -> str | None:
+    first = args[0] if args else None
+    key = getattr(first, "key", first)
+    return key if isinstance(key, str) else None
 
 
 class _Transaction:
@@ -119,7 +152,7 @@ class _Transaction:
         return getattr(self._tx, name)
 
     def complete(self, result: Any) -> None:
-        outcome = self._owner._due("commit")
+        outcome = self._owner._due("commit", self._tx.lease.key)
         if outcome is None:
             self._tx.complete(result)
             return

@@ -177,3 +177,18 @@ def write_then(self: Any, item: Any, how: str, pause: float = 0.0) -> Any:
     if how == "unserializable":
         return {item}  # a set: JSON cannot carry it, so the completion (and the write) never commits
     return {"item": item, "token": fence.token}
+
+
+@app.task(base=FencedTask, bind=True)
+def chaos_joined(self: Any, item: Any) -> dict[str, Any]:
+    """The indeterminate-outcome soak's run: a checkpointed step, then the ledger row. On a SQL store the
+    row is written with ``transaction()``, so it commits with the run's completion; elsewhere it is a
+    token-guarded upsert inside a step."""
+    fence = self.fence
+    prepared = fence.step("prepare", lambda: {"item": item})
+    if isinstance(fence.store, FencedConnectionStore):
+        with fence.transaction() as conn:
+            conn.execute(ledger.insert().values(key=fence.key, token=fence.token, pid=os.getpid()))
+    else:
+        fence.step("ledger", _ledger_guarded, fence.key, fence.token)
+    return {**prepared, "token": fence.token}

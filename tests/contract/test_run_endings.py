@@ -1,0 +1,145 @@
+"""How a caller's result ends when two runs meet on one key (DESIGN.md §3), through Celery's in-process
+worker (threads pool: runs overlap) on every store that serves several processes.
+
+- A task id that lost its key to another task id ends ready: the winner's result once the key is done,
+  else a FenceError naming the winner (review point 6); never PENDING for ever, also with
+  ``fence_on_busy="ignore"``.
+- Two copies of one task id meet under a custom ``fence_key``: the copy is absorbed whatever
+  ``fence_on_busy`` says, and the caller never sees a failure (issue "recovery and outages", point 5).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from celery_fence import FencedTask, LeaseHeld
+from celery_fence.runtime import runtime_for
+from celery_fence.signals import lease_duplicate
+
+from .harness import Harness
+
+STORES = ("memory", "sqlite", "postgresql", "redis")
+
+
+@pytest.fixture(params=STORES)
+def harness(request: pytest.FixtureRequest) -> Harness:
+    from .harness import HARNESSES
+
+    return HARNESSES[request.param]
+
+
+class Gates:
+    """A run named ``tag`` waits in its body until the test opens its gate."""
+
+    def __init__(self) -> None:
+        self._gates: dict[str, threading.Event] = {}
+        self.entered: set[str] = set()
+
+    def wait(self, tag: str) -> None:
+        self.entered.add(tag)
+        self._gates.setdefault(tag, threading.Event()).wait(30)
+
+    def open(self, tag: str) -> None:
+        self._gates.setdefault(tag, threading.Event()).set()
+
+
+@pytest.fixture
+def gates() -> Gates:
+    return Gates()
+
+
+@pytest.fixture
+def app(store: Any, gates: Gates) -> Iterator[Celery]:
+    app = Celery("endings", broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.update(fence_store_url=store.url, fence_lease_ttl=30.0)  # no renew within a test
+    app.conf.broker_transport_options = {"polling_interval": 0.01}
+
+    @app.task(base=FencedTask, bind=True, fence_key="k:{n}", name="endings.keyed", shared=False)
+    def keyed(self: Any, n: int, tag: str, wait: bool = False) -> str:
+        if wait:
+            gates.wait(tag)
+        return f"done by {tag}"
+
+    runtime = runtime_for(app)
+    runtime._store = store
+    with start_worker(app, pool="threads", concurrency=3, perform_ping_check=False, shutdown_timeout=10):
+        yield app
+    for tag in list(gates.entered):
+        gates.open(tag)
+    runtime._store = None  # the harness closes the store itself
+    runtime.close()
+
+
+def until(condition: Any, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_a_task_id_that_lost_its_key_ends_with_the_winners_result(
+    app: Celery, store: Any, harness: Harness, gates: Gates
+) -> None:
+    keyed = app.tasks["endings.keyed"]
+    a = keyed.delay(1, "A", wait=True)
+    until(lambda: "A" in gates.entered, "A in its body")
+    harness.expire_all(store)  # A stalls past its lease...
+    b = keyed.delay(1, "B")  # ...another task id takes the key over and finishes it
+    assert b.get(timeout=30) == "done by B"
+    gates.open("A")
+    assert a.get(timeout=30) == "done by B"  # A's completion was refused: the winner's result
+    events = [e.event for e in store.history("k:1")]
+    assert events.count("complete") == 1 and "refused" in events and "takeover" in events
+
+
+def test_a_task_id_whose_key_is_held_by_another_ends_ready_naming_it(
+    app: Celery, store: Any, harness: Harness, gates: Gates
+) -> None:
+    keyed = app.tasks["endings.keyed"]
+    a = keyed.delay(2, "A", wait=True)
+    until(lambda: "A" in gates.entered, "A in its body")
+    harness.expire_all(store)
+    b = keyed.delay(2, "B", wait=True)  # takes the key over, and is still running
+    until(lambda: "B" in gates.entered, "B in its body")
+    gates.open("A")
+    with pytest.raises(LeaseHeld, match=b.id):  # FAILURE, naming the winner: never PENDING
+        a.get(timeout=30)
+    keyed.fence_on_busy = "ignore"
+    c = keyed.delay(2, "C")  # a third task id meets B's live lease: ignored, but ready
+    with pytest.raises(LeaseHeld, match=b.id):
+        c.get(timeout=30)
+    gates.open("B")
+    assert b.get(timeout=30) == "done by B"
+
+
+def test_a_copy_of_the_same_task_id_is_absorbed_whatever_the_key_and_policy(
+    app: Celery, store: Any, gates: Gates
+) -> None:
+    keyed = app.tasks["endings.keyed"]
+    keyed.fence_on_busy = "fail"  # a copy must never reach the policy, which would store FAILURE
+    task_id = str(uuid.uuid4())  # the memory result backend is shared by every app in the process
+    first = keyed.apply_async((3, "X"), {"wait": True}, task_id=task_id)
+    until(lambda: "X" in gates.entered, "the first copy in its body")
+    absorbed: list[str] = []
+
+    def on_duplicate(sender: Any = None, reason: str = "", **_: Any) -> None:
+        absorbed.append(reason)
+
+    lease_duplicate.connect(on_duplicate, weak=False)
+    try:
+        keyed.apply_async((3, "X"), {"wait": True}, task_id=task_id)  # the broker's copy, same id
+        until(lambda: absorbed == ["held"], "the copy to be absorbed")
+    finally:
+        lease_duplicate.disconnect(on_duplicate)
+    assert first.state != "FAILURE"
+    gates.open("X")
+    assert first.get(timeout=30) == "done by X" and first.state == "SUCCESS"
+    assert [e.event for e in store.history("k:3")] == ["acquire", "complete"]
