@@ -15,10 +15,12 @@ from celery import bootsteps
 
 from .config import metrics_addr, metrics_port
 from .election import Election
+from .errors import StoreUnavailable
 from .metrics import FenceMetrics, prepare_multiprocess, serve_metrics
 from .recovery import load_tasks, recover_abandoned
 from .runtime import runtime_for
 from .stores import Store, open_store
+from .stores.waits import ADMIN_LOCK_WAIT, lock_wait
 
 __all__ = [
     "METRICS_OPTIONS",
@@ -106,7 +108,10 @@ class FenceRecovery(bootsteps.StartStopStep):  # type: ignore[misc]  # celery sh
     def _with_store(worker: Any, action: Callable[[Store], None]) -> None:
         store = open_store(runtime_for(worker.app).config.store_url)  # short-lived: none held at fork
         try:
-            action(store)
+            with lock_wait(ADMIN_LOCK_WAIT):  # the worker's timer thread: never held by a stopped process
+                action(store)
+        except StoreUnavailable as exc:  # transient (a locked or unreachable store): no traceback to read
+            log.warning("celery-fence: recovery pass skipped, retried at the next interval: %s", exc)
         except Exception:  # a failed pass is retried at the next interval
             log.exception("celery-fence: recovery pass failed")
         finally:

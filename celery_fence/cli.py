@@ -3,6 +3,8 @@
 Registered on Celery's ``celery.commands`` entry point (as Flower is); the store is the one the app's
 ``fence_store_url`` names. Exit codes: 0 done, 1 ``verify`` found violations (or a prompt was declined),
 2 the command could not run (a bad setting, an unknown key, an unreachable store); errors print one line.
+A command waits at most ``waits.ADMIN_LOCK_WAIT`` for a lock another process holds (SQLite's write lock,
+held by a stopped or slow worker's transaction), then fails saying so.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .recovery import load_tasks, recover_abandoned
 from .runtime import runtime_for
 from .stores import Store, scheme_of
 from .stores.urls import mask_url
+from .stores.waits import ADMIN_LOCK_WAIT, lock_wait
 from .verify import read_store, verify
 
 __all__ = ["fence"]
@@ -52,7 +55,8 @@ def _store(ctx: click.Context, *, must_exist: bool = True) -> Iterator[Store]:
         if must_exist:
             _refuse_missing_sqlite(runtime.config.store_url)
         try:
-            yield runtime.store
+            with lock_wait(ADMIN_LOCK_WAIT):  # never hang behind a stopped process's transaction
+                yield runtime.store
         finally:
             runtime.close()
     except FenceError as exc:

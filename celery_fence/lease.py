@@ -214,6 +214,16 @@ class LeasePolicy:
         """
         return sent_at + self.ttl - self.margin
 
+    def lock_wait(self, deadline: float, now: float) -> float:
+        """How long a renew sent at ``now`` may wait for a lock another client holds (SQLite's write lock)
+        and still land before ``deadline``: the time left, less a twentieth of the ttl for its reply."""
+        return max(0.0, deadline - now - self.margin / 2)
+
+    @property
+    def renew_slack(self) -> float:
+        """:meth:`lock_wait` of a renew sent on schedule, an interval after the last one was sent."""
+        return self.lock_wait(self.deadline(0.0), self.interval)
+
     def busy_countdown(self, expires_in: float | None) -> float:
         """Seconds to wait before retrying a key whose lease is held elsewhere."""
         if expires_in is None or expires_in <= 0:

@@ -10,6 +10,12 @@ A lease whose run holds its fenced transaction open is *pinned*: its row is lock
 is alive by that lock (no one can take it over until the transaction ends, and the server ends an idle one
 after a ttl). The renewer neither renews it (the renew would wait behind the run's own lock) nor expires it
 locally until it is unpinned.
+
+A renew never waits for a lock that another client holds (SQLite's write lock, held by another process's
+transaction) past the point where it could still land before the lease's local deadline
+(``LeasePolicy.lock_wait``, set with ``stores.waits.lock_wait``): it gives up with ``StoreUnavailable`` and is
+retried, so the renewer is back in time to renew again or to report the loss, whatever the store's own busy
+timeout. Groups are renewed earliest deadline first.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from .errors import StoreUnavailable
 from .failpoints import failpoint
 from .lease import Lease, LeasePolicy
 from .stores.base import Store
+from .stores.waits import lock_wait
 
 __all__ = ["Renewer"]
 
@@ -117,23 +124,30 @@ class Renewer:
     def tick(self) -> None:
         """Renew every tracked lease (one call per distinct ttl), then expire overdue ones locally."""
         now = self.clock()
+        by_ttl: dict[float, list[Lease]] = {}
+        first: dict[float, _Tracked] = {}  # the lease of each group whose deadline comes first
         with self._lock:
-            by_ttl: dict[float, list[Lease]] = {}
             for lease, tracked in self._leases.items():
                 if tracked.due(now):
-                    by_ttl.setdefault(tracked.policy.ttl, []).append(lease)
+                    ttl = tracked.policy.ttl
+                    by_ttl.setdefault(ttl, []).append(lease)
+                    if ttl not in first or tracked.deadline < first[ttl].deadline:
+                        first[ttl] = tracked
+            deadlines = {ttl: tracked.deadline for ttl, tracked in first.items()}
         try:
-            for ttl, leases in by_ttl.items():
-                self._renew(leases, ttl)
+            for ttl in sorted(by_ttl, key=deadlines.__getitem__):  # earliest deadline first
+                self._renew(by_ttl[ttl], first[ttl].policy, deadlines[ttl])
         finally:  # whatever a store raised, overdue leases are still reported lost
             self._expire_overdue()
 
-    def _renew(self, leases: list[Lease], ttl: float) -> None:
+    def _renew(self, leases: list[Lease], policy: LeasePolicy, deadline: float) -> None:
+        """Renew ``leases`` (one ttl); ``deadline`` is the earliest of their local deadlines."""
         failpoint("before-renew")
         sent_at = self.clock()
         self.round_trips += 1
         try:
-            lost = set(self.store.renew(leases, ttl))
+            with lock_wait(policy.lock_wait(deadline, sent_at)):  # back in time, whatever holds a lock
+                lost = set(self.store.renew(leases, policy.ttl))
         except StoreUnavailable as exc:
             log.warning("fence renew of %d leases failed, retrying: %s", len(leases), exc)
             return

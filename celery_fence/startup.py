@@ -3,12 +3,15 @@ naming the setting to change."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from .config import FenceConfig
 from .errors import ConfigurationError
+from .lease import LeasePolicy
 from .stores import scheme_of
 
 __all__ = ["check_settings", "check_worker_at_start"]
@@ -24,6 +27,8 @@ def check_settings(conf: Mapping[str, Any], pool: str = "prefork") -> list[str]:
     ttl, warnings = config.policy.ttl, []
     if scheme_of(config.store_url)[0] == "etcd" and (ttl < ETCD_MIN_TTL or ttl != int(ttl)):
         warnings.append(f"fence_lease_ttl={ttl}: etcd leases are whole seconds, at least 2; rounded up")
+    if scheme_of(config.store_url)[0] == "sqlite":
+        warnings += _sqlite_lock_warning(config.policy, conf.get("fence_renew_interval"))
     visibility = (conf.get("broker_transport_options") or {}).get("visibility_timeout")
     if visibility is not None and visibility < ttl:
         warnings.append(
@@ -52,6 +57,26 @@ def check_settings(conf: Mapping[str, Any], pool: str = "prefork") -> list[str]:
             f"fence_interrupt cannot interrupt a {pool} greenlet; bodies stop at self.fence.check()"
         )
     return warnings
+
+
+def _sqlite_lock_warning(policy: LeasePolicy, interval: float | None) -> list[str]:
+    """A renew waits for SQLite's write lock only as long as it can still land before the lease's local
+    deadline (``LeasePolicy.renew_slack``); any other write waits up to the busy timeout. Below it, a
+    transaction the store tolerates (another process's, up to the busy timeout) costs healthy leases."""
+    from .stores.sql_engine import SessionLimits  # SQLAlchemy: only for a SQLite store
+
+    busy, slack = SessionLimits().lock, policy.renew_slack
+    if slack >= busy:
+        return []
+    start = math.ceil(policy.ttl)
+    enough = next(t for t in itertools.count(start) if LeasePolicy(t, interval).renew_slack >= busy)
+    return [
+        f"fence_lease_ttl={policy.ttl}s with a renew every {policy.interval:.1f}s leaves a renew "
+        f"{slack:.2f}s to wait for SQLite's write lock before the lease's local deadline (0.85 x ttl - "
+        f"interval), less than SQLite's busy timeout ({busy:.0f}s), for which any write waits: another "
+        "process's transaction that holds the lock that long (a slow task's fenced transaction, a stopped "
+        f"worker) makes healthy leases count as lost; raise fence_lease_ttl to {enough}s or more"
+    ]
 
 
 def check_worker_at_start(sender: Any = None, instance: Any = None, **_: Any) -> None:

@@ -6,7 +6,8 @@ store, to the driver's own parameter style (psycopg: ``%(name)s``, sqlite3: ``?`
 order), and sent on the DBAPI cursor of one connection that the store keeps checked out of the autocommit
 engine's pool for them; a thread that finds it in use (a renew while a run completes) takes another from
 the pool for that statement. The held connection is checked like a pooled one before each use (the server
-may have ended it while idle) and dropped when the driver says it is broken. A driver error is re-raised as
+may have ended it while idle), on SQLite given this thread's lock wait (``sql_lock``), and dropped when the
+driver says it is broken. A driver error is re-raised as
 the ``DBAPIError`` SQLAlchemy itself would raise, so ``translate_errors`` maps it like any other.
 """
 
@@ -23,6 +24,7 @@ from sqlalchemy.engine.interfaces import DBAPICursor, Dialect
 from sqlalchemy.exc import DBAPIError, StatementError
 
 from .sql_engine import ended_while_idle
+from .sql_lock import apply_busy_timeout
 from .sql_queries import Queries
 
 __all__ = ["HOT", "DriverStatements"]
@@ -51,6 +53,7 @@ class DriverStatements:
         self._held: tuple[PoolProxiedConnection, DBAPICursor] | None = None
         self._held_lock = threading.Lock()
         self._pid = os.getpid()
+        self._sqlite = engine.dialect.name == "sqlite"
 
     def rows(self, name: str, params: Mapping[str, Any]) -> Sequence[Any]:
         """Run statement ``name`` and return its rows (tuples)."""
@@ -108,6 +111,8 @@ class DriverStatements:
 
     def _execute(self, conn: PoolProxiedConnection, cursor: DBAPICursor, sql: str, args: Any) -> list[Any]:
         try:
+            if self._sqlite:  # the held connection is checked out once: bound its lock wait per statement
+                apply_busy_timeout(conn.dbapi_connection, conn.info)  # type: ignore[arg-type]
             cursor.execute(sql, args)
             return list(cursor.fetchall())
         except Exception as exc:  # anything the driver raised: SQLAlchemy's own wrapping decides the type

@@ -8,8 +8,8 @@ PostgreSQL sessions carry timeouts so that a paused holder cannot block a takeov
 (``idle_in_transaction_session_timeout``, ``lock_timeout``, ``statement_timeout``) and a dead link fails fast
 (``tcp_user_timeout``, keepalives), and a pooled connection that the server ended while it sat idle is
 replaced before a statement is sent on it (``_drop_if_ended``). SQLite runs in WAL mode with
-``busy_timeout`` and opens its transactions with ``BEGIN IMMEDIATE`` (a deferred transaction that reads
-then writes fails with "database is locked").
+``busy_timeout`` (shortened per thread by ``waits.lock_wait``: ``sql_lock``) and opens its transactions
+with ``BEGIN IMMEDIATE`` (a deferred transaction that reads then writes fails with "database is locked").
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from sqlalchemy.exc import (
 
 from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable, TokenRewound
 from .liveness import idle_socket_is_readable
+from .sql_lock import apply_busy_timeout, is_locked, locked_message, remember_busy_limit
 from .sql_schema import RANGE_EXHAUSTED
 from .urls import mask_url
 from .validation import out_of_tokens
@@ -164,11 +165,15 @@ def _sqlite_engine(url: Any, limits: SessionLimits, autocommit: bool) -> Engine:
     engine = create_engine(url, connect_args=connect_args, **_pool_options(autocommit))
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
+    def _on_connect(dbapi_conn: sqlite3.Connection, record: Any) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (SQLAlchemy's documented pattern)
         dbapi_conn.execute("PRAGMA journal_mode=WAL")
-        dbapi_conn.execute(f"PRAGMA busy_timeout={int(limits.lock * 1000)}")
+        remember_busy_limit(dbapi_conn, record.info, limits.lock)
         dbapi_conn.execute("PRAGMA synchronous=FULL")  # a lost commit could rewind the token counter
+
+    @event.listens_for(engine, "checkout")
+    def _bound_lock_wait(dbapi_conn: sqlite3.Connection, record: Any, _proxy: Any) -> None:
+        apply_busy_timeout(dbapi_conn, record.info)  # this thread's lock_wait(), if shorter
 
     if not autocommit:
 
@@ -243,6 +248,8 @@ def _translate_dbapi(url: str, exc: DBAPIError) -> FenceError:
     code = getattr(exc.orig, "sqlstate", None)
     if code == "55P03":
         return RowLocked(f"fence store {safe_url(url)}: a row is locked: {message.splitlines()[0]}")
+    if is_locked(exc.orig):  # SQLite's busy timeout ran out: another process holds the write lock
+        return StoreUnavailable(locked_message(url))
     return _translate_refusal(url, exc, message, code)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from celery_fence.renewer import Renewer
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import FakeClock
 
@@ -17,3 +18,16 @@ def clock() -> FakeClock:
 @pytest.fixture
 def store(clock: FakeClock) -> MemoryStore:
     return MemoryStore(clock=clock)
+
+
+@pytest.fixture
+def mono() -> FakeClock:
+    """The renewer's monotonic clock, which decides local deadlines (the store's is ``clock``)."""
+    return FakeClock(start=0.0)
+
+
+@pytest.fixture
+def renewer(store: MemoryStore, mono: FakeClock, monkeypatch: pytest.MonkeyPatch) -> Renewer:
+    """A renewer on ``mono`` whose thread never starts: each test calls ``tick()`` itself."""
+    monkeypatch.setattr(Renewer, "_ensure_thread", lambda self: None)
+    return Renewer(store, 10.0, clock=mono)

@@ -52,19 +52,8 @@ class Lost:
 
 
 @pytest.fixture
-def mono() -> FakeClock:
-    return FakeClock(start=0.0)
-
-
-@pytest.fixture
 def calls(store: MemoryStore, monkeypatch: pytest.MonkeyPatch) -> Calls:
     return Calls(store, monkeypatch)
-
-
-@pytest.fixture
-def renewer(store: MemoryStore, mono: FakeClock, monkeypatch: pytest.MonkeyPatch) -> Renewer:
-    monkeypatch.setattr(Renewer, "_ensure_thread", lambda self: None)
-    return Renewer(store, 10.0, clock=mono)
 
 
 def test_a_lease_acquired_under_half_an_interval_ago_is_not_renewed_yet(

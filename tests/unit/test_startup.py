@@ -5,7 +5,9 @@ from typing import Any
 import pytest
 
 from celery_fence import ConfigurationError
+from celery_fence.lease import LeasePolicy
 from celery_fence.startup import check_settings
+from celery_fence.stores.sql_engine import SessionLimits
 
 SAFE: dict[str, Any] = {"task_acks_late": True, "task_reject_on_worker_lost": True}
 
@@ -41,3 +43,29 @@ def test_retry_on_worker_lost_is_as_good_as_reject() -> None:
 
 def test_interrupt_on_gevent_is_a_warning() -> None:
     assert "gevent" in check_settings({**SAFE, "fence_interrupt": True}, pool="gevent")[0]
+
+
+@pytest.mark.parametrize(
+    ("conf", "enough"),
+    [
+        ({"fence_lease_ttl": 9}, 10),  # a renew every 3 s may wait 4.65 s: below the busy timeout (5 s)
+        ({"fence_lease_ttl": 2}, 10),
+        ({"fence_lease_ttl": 6, "fence_renew_interval": 1}, 8),  # 4.1 s
+    ],
+)
+def test_a_ttl_short_against_sqlites_busy_timeout_is_a_warning(conf: dict[str, Any], enough: int) -> None:
+    """A renew waits for SQLite's write lock no later than it can land before the local deadline; a write
+    of another process may hold that lock up to the busy timeout, so a shorter wait loses healthy leases."""
+    warnings = check_settings({**SAFE, "fence_store_url": "sqlite:///fence.db", **conf})
+    assert len(warnings) == 1
+    assert "SQLite's busy timeout (5s)" in warnings[0]
+    assert f"raise fence_lease_ttl to {enough}s or more" in warnings[0]
+    assert check_settings({**SAFE, **conf, "fence_lease_ttl": enough}) == []
+    interval = conf.get("fence_renew_interval")
+    slack = LeasePolicy(enough - 1, interval).renew_slack
+    assert slack < SessionLimits().lock <= LeasePolicy(enough, interval).renew_slack  # the least whole ttl
+
+
+@pytest.mark.parametrize("url", ["memory://", "redis://127.0.0.1:6379/0", "postgresql+psycopg://h/db"])
+def test_a_short_ttl_on_a_store_without_a_write_lock_is_no_warning(url: str) -> None:
+    assert check_settings({**SAFE, "fence_store_url": url, "fence_lease_ttl": 3}) == []
