@@ -10,20 +10,13 @@ from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
 from . import codec
-from .errors import ConfigurationError, LeaseLost, StoreUnavailable, UsageError
+from .errors import ConfigurationError, LeaseLost, StoreUnavailable
 from .lease import Lease
 from .stores.base import FencedConnectionStore, Store
 
 __all__ = ["Fence", "Heartbeat"]
 
 T = TypeVar("T")
-
-_STEP_AFTER_TRANSACTION = (
-    "{what}({name!r}) after self.fence.transaction() in the same run: the transaction's writes commit "
-    "with the run's completion, so a step committed now would be kept while they could still be undone; "
-    "run the steps before the first transaction(), or make the writes part of an atomic_step"
-)
-
 
 class Heartbeat(Protocol):
     """What a run's handle needs of the renewer (``renewer.Renewer``)."""
@@ -149,9 +142,11 @@ class Fence:
         if name in self._steps:
             value: T = copy.deepcopy(self._steps[name])  # callers may mutate what they get
             return value
-        self._no_open_transaction("step", name)
         value = codec.loads(codec.dumps(fn(*args, **kwargs)))  # the same value a resumed run will see
-        self.store.save_step(self.lease, name, value)
+        if self._run_tx is not None:  # the lease row is locked by the run's transaction: join it
+            self._open_run_transaction().save_step(name, value)
+        else:
+            self.store.save_step(self.lease, name, value)
         self._steps[name] = copy.deepcopy(value)
         return value
 
@@ -165,17 +160,19 @@ class Fence:
         if name in self._steps:
             stored: T = copy.deepcopy(self._steps[name])
             return stored
-        self._no_open_transaction("atomic_step", name)
+        if self._run_tx is not None:  # joins the run's transaction: commits with the completion
+            run_tx = self._open_run_transaction()
+            with run_tx.block() as conn:
+                value: T = codec.loads(codec.dumps(fn(conn, *args, **kwargs)))
+                run_tx.save_step(name, value)
+            self._steps[name] = copy.deepcopy(value)
+            return value
         store = self._sql_store()
         with store.transaction(self.lease, step=name) as conn:
-            value: T = codec.loads(codec.dumps(fn(conn, *args, **kwargs)))
+            value = codec.loads(codec.dumps(fn(conn, *args, **kwargs)))
             store.insert_step(conn, self.lease, name, value)
         self._steps[name] = copy.deepcopy(value)
         return value
-
-    def _no_open_transaction(self, what: str, name: str) -> None:
-        if self._run_tx is not None:
-            raise UsageError(_STEP_AFTER_TRANSACTION.format(what=what, name=name))
 
     def _sql_store(self) -> Any:
         if not isinstance(self.store, FencedConnectionStore):

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, event
+from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from .. import codec
@@ -32,7 +32,8 @@ __all__ = ["RunTransaction"]
 
 _HAND_MADE = (
     "the run's transaction commits with its completion: do not call {what}() on the connection of "
-    "self.fence.transaction(); to commit part of the work on its own, use self.fence.atomic_step()"
+    "self.fence.transaction(); to commit part of the work on its own, use self.fence.atomic_step() "
+    "before the run's first transaction()"
 )
 
 
@@ -41,7 +42,7 @@ class RunTransaction:
 
     def __init__(self, store: SQLStore, lease: Lease, ttl: float, step: str | None = None) -> None:
         self.store, self.lease = store, lease
-        self._ours = False  # set while this class itself commits or rolls back
+        self._tx: Any = None  # the root Transaction: the one way this class ends it
         self._blocks = 0
         self.lost_work = False  # it ended with earlier blocks' writes undone: the run cannot go on
         self.conn = self._begin(ttl, step)
@@ -79,16 +80,24 @@ class RunTransaction:
                 if conn.execute(self.store.q.complete, params).first() is None:  # not while we hold the lock
                     raise StaleToken(self.lease.key, self.lease.token, None, "complete")
                 failpoint("before-commit")
-                self._ours = True
-                conn.commit()
+                self._tx.commit()
         finally:
             self.close()
+
+    def save_step(self, name: str, value: Any) -> None:
+        """Record step ``name`` in this transaction: it commits with the run's completion."""
+        conn = self._usable()
+        text = codec.dumps(value, self.store.max_value_bytes)
+        params = {"key": self.lease.key, "name": name, "token": self.lease.token, "value": text}
+        with translate_errors(self.store.url):
+            if not self.store.guard(conn, self.lease, "step", name):  # not while we hold the lock
+                raise StaleToken(self.lease.key, self.lease.token, None, f"step {name}")
+            conn.execute(self.store.q.insert_step, params)
 
     def close(self) -> None:
         """End the transaction; whatever was not committed is rolled back. Idempotent."""
         conn, self.conn = self.conn, None
         if conn is not None:
-            self._ours = True
             with contextlib.suppress(DBAPIError):  # a connection the server ended rolled back there
                 conn.close()
 
@@ -99,7 +108,7 @@ class RunTransaction:
         with translate_errors(store.url):
             conn = store.engine.connect()
             try:
-                conn.begin()
+                self._tx = conn.begin()
                 if store.dialect == "postgresql":  # a paused holder blocks a takeover for one ttl at most
                     ms = max(1, int(ttl * 1000))
                     conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {ms}")
@@ -110,17 +119,12 @@ class RunTransaction:
         if not current:
             conn.close()
             store.refuse_now(self.lease, f"step {step}" if step else "write")
-        event.listen(conn, "commit", self._refuse_hand_made("commit"))
-        event.listen(conn, "rollback", self._refuse_hand_made("rollback"))
+        # The caller's connection refuses to end the run's transaction; this class ends it through the
+        # Transaction object (``self._tx``), which never calls these.
+        conn.commit = _refuse_hand_made("commit")  # type: ignore[method-assign]
+        conn.rollback = _refuse_hand_made("rollback")  # type: ignore[method-assign]
         failpoint("after-guard")
         return conn
-
-    def _refuse_hand_made(self, what: str) -> Any:
-        def listener(_conn: Connection) -> None:
-            if not self._ours:
-                raise UsageError(_HAND_MADE.format(what=what))
-
-        return listener
 
     def _usable(self) -> Connection:
         if self.conn is None:
@@ -140,3 +144,10 @@ class RunTransaction:
                 pass
         self.lost_work = self._blocks > 1
         self.close()
+
+
+def _refuse_hand_made(what: str) -> Any:
+    def refuse(*_: Any, **__: Any) -> None:
+        raise UsageError(_HAND_MADE.format(what=what))
+
+    return refuse

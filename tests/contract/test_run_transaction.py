@@ -1,0 +1,127 @@
+"""The run's transaction on the SQL stores (DESIGN.md §1, §3): ``transaction()`` blocks join one transaction
+that commits with the run's completion; steps taken after it join it too; a hand-made commit is a usage
+error; the renewer never waits behind a run's own open transaction (issue "hardening", point 4)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from sqlalchemy import text
+
+from celery_fence import FencedTask, UsageError
+from celery_fence.fence import Fence
+from celery_fence.lease import LeasePolicy
+from celery_fence.renewer import Renewer
+from celery_fence.runtime import runtime_for
+
+from .harness import Harness
+
+EFFECTS = "fence_test_tx_effects"
+
+
+@pytest.fixture(params=("sqlite", "postgresql"))
+def harness(request: pytest.FixtureRequest) -> Harness:
+    from .harness import HARNESSES
+
+    return HARNESSES[request.param]
+
+
+@pytest.fixture
+def app(store: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Celery]:
+    monkeypatch.setattr(Renewer, "_ensure_thread", lambda self: None)  # eager runs: no background renews
+    app = Celery("run-tx", broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.fence_store_url = store.url
+    with store.engine.begin() as conn:
+        conn.execute(text(f"CREATE TABLE {EFFECTS} (key TEXT, what TEXT)"))
+    runtime = runtime_for(app)
+    runtime._store = store
+    yield app
+    runtime._store = None
+    runtime.close()
+    with store.engine.begin() as conn:
+        conn.execute(text(f"DROP TABLE {EFFECTS}"))
+
+
+def effects(store: Any, key: str) -> list[str]:
+    with store.engine.connect() as conn:
+        rows = conn.execute(text(f"SELECT what FROM {EFFECTS} WHERE key = :k ORDER BY what"), {"k": key})
+        return [r.what for r in rows]
+
+
+def write(conn: Any, key: str, what: str) -> None:
+    conn.execute(text(f"INSERT INTO {EFFECTS} VALUES (:k, :w)"), {"k": key, "w": what})
+
+
+def test_a_hand_made_commit_is_a_usage_error_and_commits_nothing(app: Celery, store: Any) -> None:
+    @app.task(base=FencedTask, bind=True, shared=False)
+    def commits(self: Any) -> None:
+        with self.fence.transaction() as conn:
+            write(conn, self.fence.key, "a")
+            conn.commit()
+
+    result = commits.apply(task_id="hand-made")
+    assert result.failed() and isinstance(result.result, UsageError)
+    assert "atomic_step" in str(result.result)  # the message names the fix
+    assert effects(store, "hand-made") == []
+    state = store.get("hand-made")
+    assert state is not None and not state.done and state.expires_in is None  # released: may run again
+
+
+def test_blocks_steps_and_the_completion_commit_together(app: Celery, store: Any) -> None:
+    fail = {"after": True}
+
+    @app.task(base=FencedTask, bind=True, shared=False)
+    def pipeline(self: Any) -> str:
+        with self.fence.transaction() as conn:
+            write(conn, self.fence.key, "1-first")
+        with pytest.raises(ZeroDivisionError), self.fence.transaction() as conn:
+            write(conn, self.fence.key, "2-undone")  # this block alone is undone
+            _ = 1 / 0
+        self.fence.step("total", lambda: 42)  # joins the run's transaction
+        self.fence.atomic_step("ledger", lambda conn: write(conn, self.fence.key, "3-atomic"))
+        if fail["after"]:
+            raise RuntimeError("the attempt fails after all of it")
+        return "done"
+
+    first = pipeline.apply(task_id="joined")
+    assert first.failed()
+    assert effects(store, "joined") == [] and store.steps("joined") == {}  # all rolled back together
+    fail["after"] = False
+    assert pipeline.apply(task_id="joined").get() == "done"
+    assert effects(store, "joined") == ["1-first", "3-atomic"]
+    assert store.steps("joined") == {"total": 42, "ledger": None}
+    events = [e.event for e in store.history("joined")]
+    assert events == ["acquire", "release", "acquire", "write", "step", "step", "complete"], events
+
+
+@pytest.mark.parametrize("harness", ["postgresql"], indirect=True)
+def test_the_renewer_never_waits_behind_its_own_runs_transaction(
+    store: Any, harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review point 4: one renew of leases A and B waited for the length of A's open transaction. A's run
+    holds its lease row locked: A is alive by that lock, pinned, and left out of the renew; B's renew goes
+    through while A's transaction stays open (PostgreSQL: row locks; SQLite has one writer for the whole
+    database, so there B's renew waits for A's commit: see docs/stores.md)."""
+    monkeypatch.setattr(Renewer, "_ensure_thread", lambda self: None)  # ticks only when the test says
+    policy = LeasePolicy(30.0)
+    renewer = Renewer(store, policy.interval, clock=lambda: 1_000_000.0)
+    a, b = store.acquire("A", "w", 30.0), store.acquire("B", "w", 30.0)
+    for lease in (a, b):
+        renewer.track(lease, policy, 0.0, lambda *_: None)  # sent long ago: due
+    fence = Fence(store, a, renewer, 30.0)
+    renewed = threading.Event()
+    with fence.transaction() as conn:
+        conn.execute(text("SELECT 1"))
+        thread = threading.Thread(target=lambda: (renewer.tick(), renewed.set()), daemon=True)
+        thread.start()
+        assert renewed.wait(30), "the renew of B waited behind A's transaction"
+        assert renewer.deadline(a) is None  # pinned: alive by its lock
+    fence.commit("a's result")
+    thread.join(5)
+    assert renewer.round_trips == 1 and renewer.deadline(b) == policy.deadline(1_000_000.0)  # B renewed
+    state = store.get("A")
+    assert state is not None and state.done
