@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from celery.signals import before_task_publish
 from kombu import Exchange, Queue
 from sqlalchemy import BigInteger, Column, Engine, Integer, MetaData, Table, Text, create_engine, text
 from sqlalchemy.dialects.postgresql import insert
@@ -177,3 +180,29 @@ def write_then(self: Any, item: Any, how: str, pause: float = 0.0) -> Any:
     if how == "unserializable":
         return {item}  # a set: JSON cannot carry it, so the completion (and the write) never commits
     return {"item": item, "token": fence.token}
+
+
+# Issue 13, point 7 (Canvas): a plain task, no fence, that records every run it gets, so a chain step or a
+# chord body dispatched twice shows as two files. ``label`` names the canvas; ``value`` is what it was given
+# (the previous step's result, or the chord's list of part results).
+@app.task(bind=True)
+def after(self: Any, value: Any, label: str) -> Any:
+    run = {"id": self.request.id, "pid": os.getpid(), "value": value}
+    (MARKS / f"ran.{label}.{uuid.uuid4().hex}").write_text(json.dumps(run))
+    return value
+
+
+def runs_of(label: str, where: Path = MARKS) -> list[dict[str, Any]]:
+    """Every run of ``after`` for ``label``, as it recorded it."""
+    return [json.loads(path.read_text()) for path in sorted(where.glob(f"ran.{label}.*"))]
+
+
+@before_task_publish.connect
+def _die_before_publishing(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """A test writes ``die-before-publishing.<task id>``: the process running that task dies as it sends
+    the task's next step (its completion committed, SUCCESS not stored yet). Once: the file goes first."""
+    parent = (headers or {}).get("parent_id")
+    marker = MARKS / f"die-before-publishing.{parent}"
+    if parent and marker.exists():
+        marker.unlink()
+        os._exit(1)
