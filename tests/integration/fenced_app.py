@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import before_task_publish
+from celery.signals import after_task_publish, before_task_publish
 from kombu import Exchange, Queue
 from sqlalchemy import BigInteger, Column, Engine, Integer, MetaData, Table, Text, create_engine, text
 from sqlalchemy.dialects.postgresql import insert
@@ -197,12 +197,21 @@ def runs_of(label: str, where: Path = MARKS) -> list[dict[str, Any]]:
     return [json.loads(path.read_text()) for path in sorted(where.glob(f"ran.{label}.*"))]
 
 
-@before_task_publish.connect
-def _die_before_publishing(headers: dict[str, Any] | None = None, **_: Any) -> None:
-    """A test writes ``die-before-publishing.<task id>``: the process running that task dies as it sends
+def _die_publishing(when: str, headers: dict[str, Any] | None) -> None:
+    """A test writes ``die-<when>-publishing.<task id>``: the process running that task dies as it sends
     the task's next step (its completion committed, SUCCESS not stored yet). Once: the file goes first."""
     parent = (headers or {}).get("parent_id")
-    marker = MARKS / f"die-before-publishing.{parent}"
+    marker = MARKS / f"die-{when}-publishing.{parent}"
     if parent and marker.exists():
         marker.unlink()
         os._exit(1)
+
+
+@before_task_publish.connect
+def _die_before_publishing(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    _die_publishing("before", headers)
+
+
+@after_task_publish.connect
+def _die_after_publishing(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    _die_publishing("after", headers)

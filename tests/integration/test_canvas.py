@@ -102,6 +102,30 @@ def test_a_step_that_committed_but_died_before_dispatching_advances_the_chain_on
     assert f"duplicate delivery of {first_id} absorbed: done" in _log(cluster)
 
 
+def test_a_fenced_next_step_dispatched_twice_runs_once(cluster: Cluster) -> None:
+    """chain(a, b, after) with a and b fenced: a's process dies just after publishing b (SUCCESS of a not
+    stored), so a's redelivered copy returns the stored result and Celery publishes b a second time, with
+    b's same frozen id. That copy of b finds b's key done and SUCCESS stored: absorbed. ``after`` runs once.
+    This is why the window between sending the callbacks and storing SUCCESS is closed for fenced steps."""
+    cluster.worker("a")
+    queue, label = _next_queue(cluster), _label()
+    canvas = chain(record.s("a"), record.s().set(queue=cluster.queue), after.s(label).set(queue=queue))
+    result = canvas.freeze()
+    b_id = result.parent.id
+    a_id = result.parent.parent.id
+    (cluster.workdir / f"die-after-publishing.{a_id}").write_text("")  # read by fenced_app
+    canvas.apply_async()
+    assert result.get(timeout=60)["item"]["item"] == "a"
+    assert not (cluster.workdir / f"die-after-publishing.{a_id}").exists()  # it did die there
+    assert wait_for(lambda: _settled(cluster, b_id) >= 2, 30, "b's second message to end")
+    _barrier(cluster, queue)
+    assert [value["item"]["item"] for value in _values(cluster, label)] == ["a"]
+    for step in (a_id, b_id):
+        assert len(marks(cluster.workdir, step, "wrote")) == 1
+        assert len(cluster.effects(step)) == 1
+    assert f"duplicate delivery of {b_id} absorbed: done" in _log(cluster)
+
+
 @pytest.mark.parametrize("cluster", [{"visibility": "2", "ttl": "2"}], indirect=True)
 def test_the_brokers_redelivery_of_a_running_chain_step_advances_the_chain_once(cluster: Cluster) -> None:
     """Redis redelivers the first step while it runs (visibility_timeout 2 s): the copy finds the key held
