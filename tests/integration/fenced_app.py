@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from celery.signals import after_task_publish, before_task_publish
 from kombu import Exchange, Queue
 from sqlalchemy import BigInteger, Column, Engine, Integer, MetaData, Table, Text, create_engine, text
 from sqlalchemy.dialects.postgresql import insert
@@ -192,3 +195,38 @@ def chaos_joined(self: Any, item: Any) -> dict[str, Any]:
     else:
         fence.step("ledger", _ledger_guarded, fence.key, fence.token)
     return {**prepared, "token": fence.token}
+
+
+# Issue 13, point 7 (Canvas): a plain task, no fence, that records every run it gets, so a chain step or a
+# chord body dispatched twice shows as two files. ``label`` names the canvas; ``value`` is what it was given
+# (the previous step's result, or the chord's list of part results).
+@app.task(bind=True)
+def after(self: Any, value: Any, label: str) -> Any:
+    run = {"id": self.request.id, "pid": os.getpid(), "value": value}
+    (MARKS / f"ran.{label}.{uuid.uuid4().hex}").write_text(json.dumps(run))
+    return value
+
+
+def runs_of(label: str, where: Path = MARKS) -> list[dict[str, Any]]:
+    """Every run of ``after`` for ``label``, as it recorded it."""
+    return [json.loads(path.read_text()) for path in sorted(where.glob(f"ran.{label}.*"))]
+
+
+def _die_publishing(when: str, headers: dict[str, Any] | None) -> None:
+    """A test writes ``die-<when>-publishing.<task id>``: the process running that task dies as it sends
+    the task's next step (its completion committed, SUCCESS not stored yet). Once: the file goes first."""
+    parent = (headers or {}).get("parent_id")
+    marker = MARKS / f"die-{when}-publishing.{parent}"
+    if parent and marker.exists():
+        marker.unlink()
+        os._exit(1)
+
+
+@before_task_publish.connect
+def _die_before_publishing(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    _die_publishing("before", headers)
+
+
+@after_task_publish.connect
+def _die_after_publishing(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    _die_publishing("after", headers)
