@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from .bootstep import WORKER_OPTIONS
+from .config import check_prune_age
 from .errors import FenceError
 from .lease import LeaseState
 from .recovery import load_tasks, recover_abandoned
@@ -188,12 +189,22 @@ def verify_command(ctx: click.Context, key: str | None) -> None:
 @click.option(
     "--older-than", callback=_duration, required=True, help="Age of finished keys: 3600, 30s, 15m, 12h, 7d."
 )
+@click.option("--force", is_flag=True, help="Prune younger keys than fence_prune_min_age too.")
 @click.pass_context
-def prune(ctx: click.Context, older_than: float) -> None:
-    """Drop keys finished more than --older-than ago (tokens never go back)."""
+def prune(ctx: click.Context, older_than: float, force: bool) -> None:
+    """Drop keys finished more than --older-than ago (tokens never go back).
+
+    Each pruned key leaves one 'pruned' event in the history. --older-than must be at least
+    fence_prune_min_age (default: the broker's visibility_timeout, else 3600 s), or a message the broker
+    redelivers after the prune runs the finished task again; --force prunes younger keys anyway.
+    """
     with _store(ctx) as store:
+        floor = check_prune_age(ctx.obj.app.conf, older_than, force)  # refused: the store is unchanged
         count = store.prune(older_than)
     click.echo(f"pruned {_count(count, 'finished key')} older than {_seconds(older_than)}")
+    if older_than < floor:
+        warning = "a redelivered message of a pruned key runs again ('fence verify': reopened-after-prune)"
+        click.echo(f"forced below fence_prune_min_age ({_seconds(floor)}): {warning}", err=True)
 
 
 @fence.command()

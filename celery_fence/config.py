@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, InvalidArgument
 from .lease import LeasePolicy
 from .stores import DEFAULT_STORE_URL, scheme_of
 
-__all__ = ["BUSY_POLICIES", "DEFAULTS", "FenceConfig", "metrics_port"]
+__all__ = ["BUSY_POLICIES", "DEFAULTS", "FenceConfig", "check_prune_age", "metrics_port", "prune_min_age"]
 
 BUSY_POLICIES = ("retry", "ignore", "fail")
 MAX_PORT = 65535
+REDELIVERY_WINDOW = 3600.0  # kombu's Redis visibility_timeout; AMQP redelivers on any lost connection
 
 DEFAULTS: dict[str, Any] = {
     "fence_store_url": DEFAULT_STORE_URL,
@@ -26,6 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "fence_recover": True,  # every worker takes part; one at a time runs it (`--no-fence-recover`: off)
     "fence_metrics_port": None,  # or `celery worker --fence-metrics-port`: serve Prometheus metrics
     "fence_metrics_addr": None,  # the address it listens on: 0.0.0.0
+    "fence_prune_min_age": None,  # the broker's visibility_timeout if set, else REDELIVERY_WINDOW
 }
 
 
@@ -49,6 +52,35 @@ def metrics_addr(value: Any) -> str | None:
             f"fence_metrics_addr must be a host address such as '127.0.0.1' or None, got {value!r}"
         )
     return value
+
+
+def prune_min_age(conf: Mapping[str, Any]) -> float:
+    """The youngest finished key ``celery fence prune`` drops without ``--force``, in seconds.
+
+    ``fence_prune_min_age``; unset, the broker's redelivery window: ``broker_transport_options``'s
+    ``visibility_timeout`` (Redis, SQS) when set, else 3600 s (kombu's Redis default; an AMQP broker
+    redelivers an unacknowledged message whenever a connection drops, so it has no shorter bound).
+    """
+    name, value = "fence_prune_min_age", conf.get("fence_prune_min_age")
+    if value is None:
+        name = "broker_transport_options['visibility_timeout']"
+        value = (conf.get("broker_transport_options") or {}).get("visibility_timeout", REDELIVERY_WINDOW)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ConfigurationError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def check_prune_age(conf: Mapping[str, Any], older_than: float, force: bool = False) -> float:
+    """The prune floor (:func:`prune_min_age`); ``InvalidArgument`` naming ``--force`` when ``older_than``
+    is below it and not forced: a message the broker redelivers after the prune would run the key again."""
+    floor = prune_min_age(conf)
+    if older_than < floor and not force:
+        raise InvalidArgument(
+            f"refusing to prune keys finished less than fence_prune_min_age ({floor:g}s) ago: the broker may "
+            "still redeliver their messages, and a redelivered message of a pruned key runs the task again. "
+            f"Use --older-than {floor:g}s or more, or --force"
+        )
+    return floor
 
 
 @dataclass(frozen=True)
@@ -79,6 +111,7 @@ class FenceConfig:
         policy = LeasePolicy(get("fence_lease_ttl"), get("fence_renew_interval"))
         metrics_port(conf.get("fence_metrics_port"))  # refused at worker start, not at the first scrape
         metrics_addr(conf.get("fence_metrics_addr"))
+        prune_min_age(conf)
         return cls(
             url, policy, on_busy, bool(get("fence_interrupt")), max_recoveries, bool(get("fence_send_events"))
         )

@@ -12,10 +12,15 @@
 ``write-after-release``   a write, step, complete or release accepted after the lease was released
 ``step-duplicate``        the same step committed twice for one key
 ``step-unlogged``         a committed step (``store.steps(key)``) has no ``step`` event in the history
+``reopened-after-prune``  an acquire of a key after its ``pruned`` marker: a finished run was charged again
+                          (typically the broker redelivered its message after the prune)
+``acquire-after-complete`` an acquire of a finished key that was never pruned (the store should have
+                          answered ``AlreadyDone``)
 
-Renews are not logged, so "no renew after a takeover" is not checked here. Pruning leaves the history; a store
-issues an ``acquire`` for a completed key only after pruning it, so that acquire starts a new life of the key
-(a new result and new steps are expected; tokens still never go back).
+Renews are not logged, so "no renew after a takeover" is not checked here. ``prune`` replaces a finished
+key's history with one ``pruned`` marker (its last token); a later acquire of the key is reported and starts
+a new life of it (a new result and new steps are then expected; its tokens must still be above the marker's).
+A later prune drops old markers, so a key acquired long after its prune is no longer recognised as reopened.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ RULES = (
     "write-after-release",
     "step-duplicate",
     "step-unlogged",
+    "reopened-after-prune",
+    "acquire-after-complete",
 )
 ISSUING = frozenset({"acquire", "takeover", "admin-release"})  # events that issue a new token
 ACCEPTED = frozenset({"write", "step", "complete", "release"})  # events the store accepted from a holder
@@ -59,6 +66,7 @@ class _Key:
     highest: int = 0  # the highest token issued for the key
     held: bool = False  # a lease is out (acquired and not yet released or completed)
     completed: HistoryEvent | None = None  # the complete of this life of the key
+    pruned: HistoryEvent | None = None  # the prune that ended the key's last life, until the next acquire
     steps: set[str] = field(default_factory=set)
 
 
@@ -74,6 +82,9 @@ def verify(
         state = keys.setdefault(event.key, _Key())
         if event.event in ISSUING:
             found += _issue(state, event, issued)
+        elif event.event == "pruned":
+            state.completed, state.steps, state.held, state.pruned = None, set(), False, event
+            state.highest = max(state.highest, event.token)
         elif event.event in ACCEPTED:
             found += _accept(state, event)
             if event.event == "step":
@@ -93,11 +104,24 @@ def _issue(state: _Key, event: HistoryEvent, issued: dict[int, HistoryEvent]) ->
     if first is not event:
         detail = f"token {event.token} was already issued by {first.event} of key {first.key!r}"
         found.append(Violation(event.key, "token-reused", detail, event))
-    if event.event == "acquire" and state.completed is not None:  # the key was pruned: a new life
-        state.completed, state.steps = None, set()
+    if event.event != "admin-release":
+        found += _reopened(state, event)
     state.issued, state.highest = event, max(state.highest, event.token)
     state.held = event.event != "admin-release"
     return found
+
+
+def _reopened(state: _Key, event: HistoryEvent) -> list[Violation]:
+    """A lease issued for a key whose last life ended (pruned, or completed): reported, then a new life."""
+    ended, state.pruned = state.pruned or state.completed, None
+    if ended is None:
+        return []
+    state.completed, state.steps = None, set()
+    if ended.event == "pruned":
+        detail = f"{event.event} with token {event.token} after the key was pruned at token {ended.token}"
+        return [Violation(event.key, "reopened-after-prune", detail, event)]
+    detail = f"{event.event} with token {event.token} after complete with token {ended.token}, never pruned"
+    return [Violation(event.key, "acquire-after-complete", detail, event)]
 
 
 def _accept(state: _Key, event: HistoryEvent) -> list[Violation]:

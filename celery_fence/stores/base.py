@@ -28,6 +28,7 @@ EVENTS = (
     "admin-release",  # an operator bumped the token: every holder is fenced out
     "recovered",  # an abandoned run was re-sent (detail: attempt number)
     "dead",  # recovery gave up on the key (detail: the reason)
+    "pruned",  # the finished key was pruned: this marker replaces its history (token: its last; no owner)
 )
 
 
@@ -88,7 +89,15 @@ class Store(Protocol):
         """Admin: bump the key's token and free it, fencing out any holder. Returns the new token."""
 
     def prune(self, older_than: float) -> int:
-        """Drop keys finished more than ``older_than`` seconds ago. Tokens never go back."""
+        """Drop keys finished more than ``older_than`` seconds ago, atomically per key. Returns how many.
+
+        A dropped key's lease, steps and history go; one ``pruned`` event (the key's last token, owner
+        ``None``, store time) takes the history's place, so ``fence verify`` can tell a later acquire of the
+        key (the broker redelivered a finished run: ``reopened-after-prune``). ``pruned`` events older than
+        ``older_than`` go too (they were written by earlier prunes), so markers stay bounded and the store's
+        size stays flat. Tokens never go back. Callers keep ``older_than`` at or above the broker's
+        redelivery window (``fence_prune_min_age``); the store does not know the broker.
+        """
 
     def advance(self, gap: int) -> int:
         """Move the token counter forward by ``gap`` (after a failover or restore). Returns the new floor."""

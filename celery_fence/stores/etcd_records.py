@@ -8,7 +8,8 @@ token; ``held/<key>`` from acquire to release, complete or force_release (held b
 acquire is a takeover; its value is when ``abandoned`` first saw that); ``done/<key>`` (token, result,
 finished_at); ``dead/<key>``, ``recovery/<key>`` (count, at, sent, rev); ``steps/<key>/<name>``;
 ``history/<key>/<uuid>``
-in ``create_revision`` order; ``meta/offset`` (:meth:`EtcdStore.advance`).
+in ``create_revision`` order; ``pruned/<key>``, the marker that replaced a pruned key's history (a separate
+record: a ``Txn`` may not put a key inside a range it deletes); ``meta/offset`` (:meth:`EtcdStore.advance`).
 
 etcd does not say when a lock expired: the first ``abandoned`` call that sees a key held without a lock
 stamps its ``held`` marker with its clock, and ``grace`` counts from that stamp. ``recover`` claims a key in
@@ -73,10 +74,15 @@ def _state(store: EtcdStore, key: str, found: Mapping[str, KV], ttls: Mapping[in
 
 
 def history(store: EtcdStore, key: str | None) -> list[HistoryEvent]:
-    """Events in revision order; ``at`` (the writer's clock) is made non-decreasing along it."""
-    start = store._k("history") if key is None else store._k("history", key) + "/"
+    """Events and prune markers in revision order (a marker is put again by a later prune of its key: its
+    ``mod_revision``); ``at`` (the writer's clock) is made non-decreasing along it."""
+    if key is None:
+        ranges = [etcd.get(store._k("history"), prefix=True), etcd.get(store._k("pruned"), prefix=True)]
+    else:
+        ranges = [etcd.get(store._k("history", key) + "/", prefix=True), etcd.get(store._k("pruned", key))]
+    found = store._read(ranges)
     events, at = [], -math.inf
-    for kv in sorted(store._read([etcd.get(start, prefix=True)]).kvs(1), key=lambda kv: (kv.create, kv.key)):
+    for kv in sorted([*found.kvs(1), *found.kvs(2)], key=lambda kv: (kv.mod, kv.key)):
         e = json.loads(kv.value)
         at = max(at, e["at"])
         token = store._epochs.token(kv.create) if e["token"] is None else e["token"]
@@ -85,18 +91,33 @@ def history(store: EtcdStore, key: str | None) -> list[HistoryEvent]:
 
 
 def prune(store: EtcdStore, older_than: float) -> int:
-    """Delete every record of keys finished before ``older_than`` seconds ago (writer clocks), history too."""
+    """Delete every record of keys finished before ``older_than`` seconds ago (writer clocks), history too,
+    leaving one marker ``pruned/<key>`` (the state's token) in its place; older markers go first."""
     cutoff = time.time() - check_age(older_than)
-    finished = store._read([etcd.get(store._k("done"), prefix=True)]).kvs(1)
-    old = [kv for kv in finished if json.loads(kv.value)["finished_at"] <= cutoff]
-    return sum(store.gw.txn([etcd.created(kv.key, kv.create)], _wipe(store, kv)).succeeded for kv in old)
+    kinds = ("pruned", "done", "state")
+    found = store._read([etcd.get(store._k(k), prefix=True, keys_only=k == "state") for k in kinds])
+    for kv in found.kvs(1):
+        if json.loads(kv.value)["at"] <= cutoff:
+            store.gw.txn([etcd.modified(kv.key, kv.mod)], [etcd.delete(kv.key)])
+    old = [kv for kv in found.kvs(2) if json.loads(kv.value)["finished_at"] <= cutoff]
+    states = {kv.key: kv for kv in found.kvs(3)}
+    return sum(_wipe(store, kv, states) for kv in old)
 
 
-def _wipe(store: EtcdStore, done: KV) -> list[Op]:
+def _wipe(store: EtcdStore, done: KV, states: Mapping[str, KV]) -> bool:
+    """One ``Txn``: the key's records, steps and history go (growth stays bounded), its marker is put."""
     key = unquote(done.key[len(store._k("done")) :])
+    state = states.get(store._k("state", key))
+    token = json.loads(done.value)["token"] if state is None else store._epochs.token(state.mod)
+    unchanged = [
+        etcd.created(done.key, done.create),
+        etcd.modified(store._k("state", key), state.mod if state else 0),
+    ]
     deletes = [etcd.delete(store._k(kind, key)) for kind in KINDS]
     children = [etcd.delete(store._k(kind, key) + "/", prefix=True) for kind in ("steps", "history")]
-    return [*deletes, *children]  # the history goes with the key: growth stays bounded
+    marker = dict(key=key, event="pruned", token=token, owner=None, detail=None, at=time.time())
+    ops = [*deletes, *children, etcd.put(store._k("pruned", key), json.dumps(marker))]
+    return store.gw.txn(unchanged, ops).succeeded
 
 
 def abandoned(store: EtcdStore, grace: float, limit: int) -> list[Abandoned]:

@@ -183,13 +183,18 @@ class MemoryStore:
     def prune(self, older_than: float) -> int:
         age = check_age(older_than)
         with self._lock:
-            cutoff = self.clock() - age
-            gone = [k for k, r in self._rows.items() if r.done and (r.finished_at or 0) <= cutoff]
-            for key in gone:
+            now = self.clock()
+            cutoff = now - age
+            gone = {k: r for k, r in self._rows.items() if r.done and (r.finished_at or 0) <= cutoff}
+            # Their history goes with them, and so do the markers of earlier prunes older than the
+            # cutoff (before this prune writes its own): growth stays bounded.
+            self._history = [
+                e for e in self._history if e.key not in gone and not (e.event == "pruned" and e.at <= cutoff)
+            ]
+            for key, row in gone.items():
                 del self._rows[key]
                 self._steps.pop(key, None)
-            dropped = set(gone)  # their history goes with them: growth stays bounded
-            self._history = [e for e in self._history if e.key not in dropped]
+                self._log(key, "pruned", row.token, None, now)
             return len(gone)
 
     def advance(self, gap: int) -> int:

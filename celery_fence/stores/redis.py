@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
-import json
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,6 +35,7 @@ from .. import codec, errors
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from .liveness import idle_socket_is_readable
 from .redis_boundary import split_url, translated
+from .redis_rows import history_events, lease_state
 from .validation import (
     check_abandoned,
     check_age,
@@ -54,6 +54,7 @@ __all__ = ["RedisStore"]
 T = TypeVar("T")
 RENEW_BATCH = 10_000  # leases per renew call (one round trip each)
 READ_BATCH = 1_000  # keys per state or prune call
+_PRUNED = {True: ("history",), False: ("lease", "steps", "history")}  # prune's keys: a marked, a finished key
 MAX_INT = 2**52  # ttls and ages (ms) stay well inside Lua's exact integers
 # No PING before commands, no CLIENT SETINFO on connect (round trips), no retries (a script could run twice)
 _OPTIONS = dict(decode_responses=True, health_check_interval=0, driver_info=None, retry=Retry(NoBackoff(), 0))
@@ -84,8 +85,8 @@ class RedisStore:
         self._held_lock = threading.Lock()
         self._scripts: dict[str, Script] = {}
         self._pid = 0
-        self._events, self._counter, self._high, self._live, self._index, self._done = (
-            f"{self.prefix}{name}" for name in ("events", "counter", "high", "live", "keys", "done")
+        self._events, self._counter, self._high, self._live, self._index, self._done, self._pruned = (
+            f"{self.prefix}{name}" for name in ("events", "counter", "high", "live", "keys", "done", "pruned")
         )
 
     def migrate(self) -> None:
@@ -163,10 +164,7 @@ class RedisStore:
             pipe = client.pipeline(transaction=False)
             for each in [name] if name else self._history_names(client):
                 pipe.lrange(each, 0, -1)
-            lines = [line for per_key in pipe.execute() for line in per_key]
-        events = [{"owner": None, "detail": None, "n": "0", **json.loads(line)} for line in lines]
-        events.sort(key=lambda e: (int(e["n"]), float(e["at"])))  # JSON of strings; no owner: None
-        return [_event(e) for e in events]
+            return history_events(line for per_key in pipe.execute() for line in per_key)
 
     def leases(self) -> list[LeaseState]:
         with self._io() as client:
@@ -180,11 +178,16 @@ class RedisStore:
         return int(token)
 
     def prune(self, older_than: float) -> int:
-        cutoff, *due = self._script("due", [self._done], [_ms(check_age(older_than), "age")])
-        dropped = 0
-        for batch in _chunks(due, READ_BATCH):
-            names = [self._k(kind, key) for key in batch for kind in ("lease", "steps", "history")]
-            dropped += int(self._script("prune", [self._done, self._index, *names], [cutoff, *batch]))
+        """Markers of earlier prunes past the cutoff first (they lead the batches), then finished keys, each
+        leaving its marker: one script call per READ_BATCH keys, so no marker of this prune is dropped."""
+        age = _ms(check_age(older_than), "age")
+        cutoff, due, marked = self._script("due", [self._done, self._pruned], [age])
+        dropped, items = 0, [*marked, *due]
+        for start in range(0, len(items), READ_BATCH):
+            batch, m = items[start : start + READ_BATCH], min(READ_BATCH, max(0, len(marked) - start))
+            names = [self._k(kind, key) for i, key in enumerate(batch) for kind in _PRUNED[i < m]]
+            keys = [self._done, self._index, self._pruned, self._events, *names]
+            dropped += int(self._script("prune", keys, [cutoff, m, *batch]))
         return dropped
 
     def advance(self, gap: int) -> int:
@@ -196,7 +199,7 @@ class RedisStore:
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
         limit = check_limit(limit)
         grace_ms = _ms(check_age(grace), "age")
-        cutoff, *due = self._script("due", [self._live], [grace_ms])
+        cutoff, due = self._script("due", [self._live], [grace_ms])
         found: list[Abandoned] = []
         for batch in _chunks(due, READ_BATCH):
             keys, args = [self._k("lease", k) for k in batch], [cutoff, grace_ms, *batch]
@@ -269,7 +272,7 @@ class RedisStore:
         states = []
         for batch in _chunks(keys, READ_BATCH):
             now, *rows = self._script("state", [self._k("lease", k) for k in batch], [])
-            states += [_state(k, int(now), r) for k, r in zip(batch, rows, strict=True) if r is not None]
+            states += [lease_state(k, int(now), r) for k, r in zip(batch, rows, strict=True) if r is not None]
         return states
 
 
@@ -285,20 +288,6 @@ def _raise_stale(lease: Lease, reply: list[Any], what: str) -> None:
     if reply[0] == "stale":
         current = None if reply[1] is None else int(reply[1])
         raise errors.StaleToken(lease.key, lease.token, current, what, recorded=True)
-
-
-def _state(key: str, now: int, row: list[str | None]) -> LeaseState:
-    token, owner, exp, done, result, dead, rec, sent, run = row
-    expires_in = None if exp is None else (int(exp) - now) / 1000
-    value, counts = codec.loads(result), (int(rec or 0), int(sent or 0))
-    recorded = codec.loads(run) if run else None
-    return LeaseState(
-        key, int(token or 0), owner, expires_in, done == "1", value, dead, *counts, run=recorded
-    )
-
-
-def _event(e: dict[str, Any]) -> HistoryEvent:
-    return HistoryEvent(float(e["at"]), e["event"], int(e["token"]), e["owner"], e["detail"], key=e["key"])
 
 
 def _ms(seconds: float, what: str) -> int:

@@ -49,6 +49,7 @@ from .validation import (
 __all__ = ["SQLStore"]
 
 log = logging.getLogger(__name__)
+PRUNED = {"event": "pruned", "owner": None, "detail": None}  # the marker a pruned key's history becomes
 
 
 class SQLStore:
@@ -255,12 +256,14 @@ class SQLStore:
         return int(token)
 
     def prune(self, older_than: float) -> int:
-        age = check_age(older_than)
-        with self._tx() as conn:  # the keys' steps and history go with them: growth stays bounded
-            keys = [{"key": key} for key in conn.execute(self.q.prune, {"age": age}).scalars()]
+        age = {"age": check_age(older_than)}
+        with self._tx() as conn:  # steps and history go with the keys; one marker takes the history's place
+            conn.execute(self.q.prune_markers, age)  # earlier prunes' markers past the cutoff go first
+            keys = [{"key": k, "token": t, **PRUNED} for k, t in conn.execute(self.q.prune, age).all()]
             if keys:
                 conn.execute(self.q.prune_steps, keys)
                 conn.execute(self.q.prune_history, keys)
+                conn.execute(self.q.log, keys)
             return len(keys)
 
     def advance(self, gap: int) -> int:

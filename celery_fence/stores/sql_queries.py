@@ -92,6 +92,7 @@ class Queries:
     force_release: TextClause
     prune_steps: TextClause
     prune_history: TextClause
+    prune_markers: TextClause
     prune: TextClause
     advance: TextClause
     lock_counter: TextClause | None
@@ -165,7 +166,10 @@ def queries_for(dialect_name: str) -> Queries:
             WHERE key = :key RETURNING token"""),
         prune_steps=text("DELETE FROM fence_steps WHERE key = :key"),
         prune_history=text("DELETE FROM fence_history WHERE key = :key"),
-        prune=text(f"DELETE FROM fence_leases WHERE done AND finished_at <= {d.now} - :age RETURNING key"),
+        prune_markers=text(f"DELETE FROM fence_history WHERE event = 'pruned' AND at <= {d.now} - :age"),
+        prune=text(
+            f"DELETE FROM fence_leases WHERE done AND finished_at <= {d.now} - :age RETURNING key, token"
+        ),
         advance=text(d.advance),
         lock_counter=None if d.lock_counter is None else text(d.lock_counter),
         abandoned=text(f"""

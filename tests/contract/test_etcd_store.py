@@ -245,7 +245,8 @@ def test_prune_drops_steps_and_history(estore: EtcdStore) -> None:
     assert estore.prune(3600) == 0
     assert estore.prune(0) == 1
     assert (estore.get("k"), estore.steps("k")) == (None, {})
-    assert estore.history("k") == []  # the history goes with the key (issue 14: growth is bounded)
+    # the history goes with the key (issue 14: growth is bounded); one marker takes its place (issue 13.5)
+    assert [(e.event, e.token) for e in estore.history("k")] == [("pruned", lease.token)]
     assert estore.get("live") is not None
     estore.complete(live, 2)
 

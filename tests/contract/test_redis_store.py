@@ -35,6 +35,7 @@ from celery_fence.errors import (
     TokenRewound,
 )
 from celery_fence.lease import Lease, LeaseState, new_owner
+from celery_fence.stores import redis as redis_store
 from celery_fence.stores.redis import RedisStore
 
 from .harness import HARNESSES  # first: harness imports harness_redis (a spawned child starts here)
@@ -162,6 +163,18 @@ def test_admin_operations_round_trips(rstore: RedisStore, sent: list[bytes]) -> 
     counts = cycle("measured")
     print(f"\nadmin round trips: {counts}")
     assert counts == {"abandoned": 2, "recover": 1, "force_release": 1, "prune": 2, "leases": 2}
+
+
+def test_prune_in_batches_drops_old_markers_before_writing_its_own(
+    rstore: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches of 2: [a b] [c d] [e f] mixes old markers and finished keys in one script call."""
+    monkeypatch.setattr(redis_store, "READ_BATCH", 2)
+    for keys in ("abc", "def"):
+        for key in keys:
+            rstore.complete(rstore.acquire(key, "w", TTL), key)
+        assert rstore.prune(0.0) == 3
+    assert [(e.key, e.event) for e in rstore.history()] == [(k, "pruned") for k in "def"]
 
 
 def test_noscript_fallback_after_script_flush(

@@ -18,6 +18,7 @@ from sqlalchemy import text
 from celery_fence import StaleToken, open_store
 from celery_fence.lease import Lease
 from tests.conftest import require_server
+from tests.contract.checks import dump
 
 pytestmark = pytest.mark.integration
 
@@ -202,18 +203,52 @@ def test_verify_passes_a_clean_store_and_names_an_injected_violation(cli: Cli, s
 
 def test_prune_drops_finished_keys_only(cli: Cli, scenario: Scenario) -> None:
     assert cli("prune", "--older-than", "1d").stdout == "pruned 0 finished keys older than 86400.0s\n"
-    result = cli("prune", "--older-than", "0s")
+    result = cli("prune", "--older-than", "0s", "--force")  # below fence_prune_min_age: forced
     assert result.returncode == 0, result.stderr
     assert result.stdout == "pruned 1 finished key older than 0.0s\n"
+    assert result.stderr.startswith("forced below fence_prune_min_age (3600.0s)")
     store = cli.store()
     try:
         assert store.get(DONE) is None
+        assert [e.event for e in store.history(DONE)] == ["pruned"]
         assert store.get(LIVE) is not None
     finally:
         store.close()
     bad = cli("prune", "--older-than", "soon")
     assert bad.returncode == 2
     assert "is not a duration" in bad.stderr
+
+
+def test_prune_below_the_redelivery_window_is_refused_unless_forced(cli: Cli, scenario: Scenario) -> None:
+    """Issue 13, point 5: the broker may still redeliver a finished run's message; pruning its key first
+    would run it again. The floor is fence_prune_min_age, by default the broker's visibility_timeout."""
+    before = cli.store()
+    try:
+        kept = dump(before)
+    finally:
+        before.close()
+    refused = cli("prune", "--older-than", "59m")
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr == (
+        "Error: refusing to prune keys finished less than fence_prune_min_age (3600s) ago: the broker may "
+        "still redeliver their messages, and a redelivered message of a pruned key runs the task again. "
+        "Use --older-than 3600s or more, or --force\n"
+    )
+    (cli.workdir / "vtapp.py").write_text(
+        APP.format(url=cli.url) + 'app.conf.broker_transport_options = {"visibility_timeout": 60}\n'
+    )
+    assert cli("prune", "--older-than", "59s", app="vtapp").returncode == 2
+    after = cli.store()
+    try:
+        assert dump(after) == kept  # nothing was pruned
+    finally:
+        after.close()
+    allowed = cli("prune", "--older-than", "1m", app="vtapp")  # the broker's own window: 60 s
+    assert (allowed.returncode, allowed.stdout, allowed.stderr) == (
+        0,
+        "pruned 0 finished keys older than 60.0s\n",
+        "",
+    )
 
 
 def test_advance_moves_the_next_token_past_the_floor(cli: Cli, scenario: Scenario) -> None:

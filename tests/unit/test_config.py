@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from celery_fence.config import DEFAULTS, FenceConfig
-from celery_fence.errors import ConfigurationError
+from celery_fence.config import DEFAULTS, FenceConfig, check_prune_age, prune_min_age
+from celery_fence.errors import ConfigurationError, InvalidArgument
 
 
 def test_defaults() -> None:
@@ -135,3 +135,33 @@ def test_bad_task_options_are_refused(app_config: FenceConfig, ttl: Any, on_busy
 def test_a_metrics_address_that_is_not_a_host_is_refused(addr: object) -> None:
     with pytest.raises(ConfigurationError, match="fence_metrics_addr"):
         FenceConfig.from_conf({"fence_store_url": "memory://", "fence_metrics_addr": addr})
+
+
+@pytest.mark.parametrize(
+    ("conf", "floor"),
+    [
+        ({}, 3600.0),  # no visibility_timeout (AMQP, or kombu's Redis default): an hour
+        ({"broker_transport_options": {"visibility_timeout": 43200}}, 43200.0),  # the broker's window
+        ({"broker_transport_options": {}}, 3600.0),
+        ({"fence_prune_min_age": 600, "broker_transport_options": {"visibility_timeout": 43200}}, 600.0),
+        ({"fence_prune_min_age": 0}, 0.0),
+    ],
+)
+def test_the_prune_floor_is_the_setting_else_the_brokers_window(conf: dict[str, Any], floor: float) -> None:
+    assert prune_min_age(conf) == floor
+    assert check_prune_age(conf, floor) == floor
+
+
+def test_a_prune_younger_than_the_floor_is_refused_unless_forced() -> None:
+    conf = {"broker_transport_options": {"visibility_timeout": 7200}}
+    with pytest.raises(InvalidArgument, match=r"fence_prune_min_age \(7200s\).*--older-than 7200s.*--force"):
+        check_prune_age(conf, 7199.0)
+    assert check_prune_age(conf, 0.0, force=True) == 7200.0
+
+
+@pytest.mark.parametrize("value", [-1, "1h", True, float("nan"), float("inf")])
+def test_a_bad_prune_min_age_is_refused(value: Any) -> None:
+    with pytest.raises(ConfigurationError, match="fence_prune_min_age must be a number of seconds"):
+        FenceConfig.from_conf({"fence_prune_min_age": value})
+    with pytest.raises(ConfigurationError, match=r"broker_transport_options\['visibility_timeout'\]"):
+        prune_min_age({"broker_transport_options": {"visibility_timeout": value}})

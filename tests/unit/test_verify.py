@@ -140,16 +140,48 @@ def test_a_committed_step_missing_from_the_history_is_named(lived: MemoryStore) 
     assert verify(lived.history(), steps) == []
 
 
-def test_a_pruned_key_that_runs_again_is_a_new_life(store: MemoryStore, clock: FakeClock) -> None:
+def test_a_pruned_key_that_runs_again_is_reported_once(store: MemoryStore, clock: FakeClock) -> None:
     first = store.acquire(KEY, "w1", TTL)
     store.save_step(first, "total", 1)
     store.complete(first, 1)
     clock.advance(1)
     assert store.prune(0) == 1
-    again = store.acquire(KEY, "w2", TTL)  # a duplicate delivery after pruning runs again
-    store.save_step(again, "total", 1)
+    assert verify_store(store) == []  # the marker alone is clean
+    again = store.acquire(KEY, "w2", TTL)  # the broker redelivered the finished run after the prune
+    store.save_step(again, "total", 1)  # a new life: its step and complete are not reported again
     store.complete(again, 1)
-    assert verify_store(store) == []
+    found = verify_store(store)
+    assert [(v.key, v.rule, v.event) for v in found] == [(KEY, "reopened-after-prune", store.history()[1])]
+    assert (
+        found[0].detail == f"acquire with token {again.token} after the key was pruned at token {first.token}"
+    )
+
+
+def _events(*names: str) -> list[HistoryEvent]:
+    """One key's history: each acquire issues the next token; the other events carry the latest."""
+    events, token = [], 0
+    for i, name in enumerate(names):
+        token += name == "acquire"
+        events.append(HistoryEvent(float(i), name, token, None if name == "pruned" else "w", key=KEY))
+    return events
+
+
+def test_an_acquire_after_the_prune_marker_is_reopened() -> None:
+    assert verify(_events("acquire", "complete", "pruned")) == []
+    assert verify(_events("pruned")) == []  # what a store keeps: the marker replaced the history
+    for events in (_events("acquire", "complete", "pruned", "acquire"), _events("pruned", "acquire")):
+        assert [v.rule for v in verify(events)] == ["reopened-after-prune"], events
+
+
+def test_an_acquire_after_a_complete_without_a_prune_is_named() -> None:
+    found = verify(_events("acquire", "complete", "acquire", "complete"))
+    assert [v.rule for v in found] == ["acquire-after-complete"]
+    assert found[0].detail == "acquire with token 2 after complete with token 1, never pruned"
+
+
+def test_a_token_after_the_prune_marker_must_be_above_it() -> None:
+    events = [HistoryEvent(0.0, "pruned", 7, None, key=KEY), HistoryEvent(1.0, "acquire", 7, "w", key=KEY)]
+    assert {v.rule for v in verify(events)} == {"reopened-after-prune", "token-not-increasing"}
 
 
 def test_an_empty_history_is_clean(store: MemoryStore) -> None:
