@@ -16,6 +16,9 @@
                           (typically the broker redelivered its message after the prune)
 ``acquire-after-complete`` an acquire of a finished key that was never pruned (the store should have
                           answered ``AlreadyDone``)
+``repeated-write``        fenced transaction writes committed under two tokens in one life of a key: two
+                          attempts' ``transaction()`` writes both stayed (they commit with the completion, so
+                          only the completing attempt's may)
 
 Renews are not logged, so "no renew after a takeover" is not checked here. ``prune`` replaces a finished
 key's history with one ``pruned`` marker (its last token); a later acquire of the key is reported and starts
@@ -45,6 +48,7 @@ RULES = (
     "step-unlogged",
     "reopened-after-prune",
     "acquire-after-complete",
+    "repeated-write",
 )
 ISSUING = frozenset({"acquire", "takeover", "admin-release"})  # events that issue a new token
 ACCEPTED = frozenset({"write", "step", "complete", "release"})  # events the store accepted from a holder
@@ -67,6 +71,7 @@ class _Key:
     held: bool = False  # a lease is out (acquired and not yet released or completed)
     completed: HistoryEvent | None = None  # the complete of this life of the key
     pruned: HistoryEvent | None = None  # the prune that ended the key's last life, until the next acquire
+    written: HistoryEvent | None = None  # the first committed fenced transaction write of this life
     steps: set[str] = field(default_factory=set)
 
 
@@ -84,6 +89,7 @@ def verify(
             found += _issue(state, event, issued)
         elif event.event == "pruned":
             state.completed, state.steps, state.held, state.pruned = None, set(), False, event
+            state.written = None
             state.highest = max(state.highest, event.token)
         elif event.event in ACCEPTED:
             found += _accept(state, event)
@@ -116,7 +122,7 @@ def _reopened(state: _Key, event: HistoryEvent) -> list[Violation]:
     ended, state.pruned = state.pruned or state.completed, None
     if ended is None:
         return []
-    state.completed, state.steps = None, set()
+    state.completed, state.steps, state.written = None, set(), None
     if ended.event == "pruned":
         detail = f"{event.event} with token {event.token} after the key was pruned at token {ended.token}"
         return [Violation(event.key, "reopened-after-prune", detail, event)]
@@ -137,6 +143,11 @@ def _accept(state: _Key, event: HistoryEvent) -> list[Violation]:
     elif not state.held and not stale:
         detail = f"{what} with token {event.token} accepted after the lease was released"
         found.append(Violation(event.key, "write-after-release", detail, event))
+    if event.event == "write":
+        first = state.written = state.written or event
+        if first.token != event.token:
+            detail = f"writes committed with token {first.token} and with token {event.token}"
+            found.append(Violation(event.key, "repeated-write", detail, event))
     if event.event == "step":
         if event.detail in state.steps:
             detail = f"step {event.detail!r} committed again with token {event.token}"
