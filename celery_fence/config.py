@@ -15,6 +15,7 @@ __all__ = ["BUSY_POLICIES", "DEFAULTS", "FenceConfig", "check_prune_age", "metri
 
 BUSY_POLICIES = ("retry", "ignore", "fail")
 MAX_PORT = 65535
+MAX_SECONDS = 1e9  # the longest duration a setting may name (the stores cap ttls and ages there too)
 REDELIVERY_WINDOW = 3600.0  # kombu's Redis visibility_timeout; AMQP redelivers on any lost connection
 
 DEFAULTS: dict[str, Any] = {
@@ -24,6 +25,7 @@ DEFAULTS: dict[str, Any] = {
     "fence_on_busy": "retry",
     "fence_interrupt": False,
     "fence_max_recoveries": 3,
+    "fence_store_wait": 600.0,  # seconds a run waits out an unavailable store before its body starts
     "fence_send_events": True,
     "fence_recover": True,  # every worker takes part; one at a time runs it (`--no-fence-recover`: off)
     "fence_metrics_port": None,  # or `celery worker --fence-metrics-port`: serve Prometheus metrics
@@ -83,6 +85,12 @@ def check_prune_age(conf: Mapping[str, Any], older_than: float, force: bool = Fa
     return floor
 
 
+def _seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < MAX_SECONDS:
+        raise ConfigurationError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class FenceConfig:
     store_url: str
@@ -91,6 +99,7 @@ class FenceConfig:
     interrupt: bool
     max_recoveries: int
     send_events: bool
+    store_wait: float = 600.0
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> FenceConfig:
@@ -112,9 +121,9 @@ class FenceConfig:
         metrics_port(conf.get("fence_metrics_port"))  # refused at worker start, not at the first scrape
         metrics_addr(conf.get("fence_metrics_addr"))
         prune_min_age(conf)
-        return cls(
-            url, policy, on_busy, bool(get("fence_interrupt")), max_recoveries, bool(get("fence_send_events"))
-        )
+        store_wait = _seconds("fence_store_wait", get("fence_store_wait"))
+        interrupt, send_events = bool(get("fence_interrupt")), bool(get("fence_send_events"))
+        return cls(url, policy, on_busy, interrupt, max_recoveries, send_events, store_wait)
 
     def with_task_options(
         self, ttl: float | None, on_busy: str | None, interrupt: bool | None
@@ -130,5 +139,6 @@ class FenceConfig:
             "fence_interrupt": self.interrupt if interrupt is None else interrupt,
             "fence_max_recoveries": self.max_recoveries,
             "fence_send_events": self.send_events,
+            "fence_store_wait": self.store_wait,
         }
         return FenceConfig.from_conf(conf)

@@ -55,7 +55,7 @@ class RunHost(Protocol):
         self, countdown: float, handing_back: Lease | None = None, cause: BaseException | None = None
     ) -> NoReturn: ...
     def busy(self, held: LeaseHeld, config: FenceConfig) -> Any: ...
-    def wait_out(self, exc: StoreUnavailable, config: FenceConfig) -> Any: ...
+    def wait_out(self, exc: StoreUnavailable, config: FenceConfig, key: str) -> NoReturn: ...
     def superseded(self, fence: Fence, state: LeaseState | None) -> NoReturn: ...
 
 
@@ -139,7 +139,7 @@ class Run:
             self.host.requeue(self.config.policy.busy_countdown(problem.expires_in))
         if action is Action.WAIT_OUT:
             assert isinstance(problem, StoreUnavailable)
-            return self.host.wait_out(problem, self.config)
+            self.host.wait_out(problem, self.config, self.key)
         assert action is Action.BUSY and isinstance(problem, LeaseHeld), action
         if state is not None and state.owner:  # name the holder, its task id too
             problem = LeaseHeld(self.key, _holder(state), problem.expires_in)

@@ -13,6 +13,10 @@ Run signals are sent in the process that runs the task, with ``sender`` the task
 - ``lease_released``: ``held``, seconds from the acquire to the end of the run, whatever its outcome
   (completed, released on an exception or retry, refused, or handed back).
 
+``store_wait_exhausted`` is sent in the process that runs the task, with ``sender`` the task and ``key``,
+``task_id`` and ``waited`` (seconds), when a run gave up waiting out an unavailable store before its body
+started (``fence_store_wait``); the task then ends ``FAILURE`` with ``StoreUnavailable``.
+
 ``run_recovered`` is sent where recovery runs (``celery fence recover`` or ``--fence-recover``), with
 ``sender`` the app and ``key``, ``task`` (the task's name), ``task_id`` and ``attempt``.
 """
@@ -29,6 +33,7 @@ __all__ = [
     "lease_renewed",
     "lease_takeover",
     "run_recovered",
+    "store_wait_exhausted",
     "write_refused",
 ]
 
@@ -40,4 +45,5 @@ lease_lost = Signal(name="lease_lost", providing_args=_RUN | {"reason"})
 write_refused = Signal(name="write_refused", providing_args=_RUN | {"reason"})
 lease_duplicate = Signal(name="lease_duplicate", providing_args=_RUN | {"reason"})
 lease_released = Signal(name="lease_released", providing_args=_RUN | {"held"})
+store_wait_exhausted = Signal(name="store_wait_exhausted", providing_args={"key", "task_id", "waited"})
 run_recovered = Signal(name="run_recovered", providing_args={"key", "task", "task_id", "attempt"})

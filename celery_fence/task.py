@@ -43,6 +43,7 @@ from .signals import (
     lease_released,
     lease_renewed,
     lease_takeover,
+    store_wait_exhausted,
     write_refused,
 )
 from .startup import check_worker_at_start
@@ -52,10 +53,17 @@ __all__ = ["HANDOFF_HEADER", "FencedTask"]
 log = logging.getLogger(__name__)
 
 HANDOFF_HEADER = "fence_handoff"  # the token an attempt hands to the copy of itself that it sends
+WAITING_SINCE_HEADER = "fence_waiting_since"  # when a run first found the store unavailable (epoch s)
+WAITS_HEADER = "fence_waits"  # how many times it was sent again to wait the store out
 
 
 def _token_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _seconds_or_none(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    return float(value) if ok else None
 
 
 def _quietly(fn: Callable[..., Any], *args: Any) -> Any:
@@ -217,10 +225,33 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             raise held
         return self.retry(exc=held, countdown=countdown)
 
-    def wait_out(self, exc: StoreUnavailable, config: FenceConfig) -> Any:
-        """The store did not answer the acquire: nothing ran and no lease is held: come back later."""
-        log.warning("fence: store unavailable for %s, retrying the task: %s", self.request.id, exc)
-        return self.retry(exc=exc, countdown=config.policy.interval)
+    def wait_out(self, exc: StoreUnavailable, config: FenceConfig, key: str) -> NoReturn:
+        """The store did not answer the acquire: nothing ran and no lease is held. Send this message again
+        later (backoff), without spending ``max_retries``, until ``fence_store_wait`` seconds have passed
+        since the first failure (carried in the message); then give up where an operator looks."""
+        request = self.request
+        since = _seconds_or_none(getattr(request, WAITING_SINCE_HEADER, None)) or time.time()
+        waits = _token_or_none(getattr(request, WAITS_HEADER, None)) or 0
+        waited = time.time() - since
+        if request.is_eager or waited >= config.store_wait:
+            log.error(
+                "fence: gave up on %s[%s] (key %r): the store stayed unavailable for %.0fs "
+                "(fence_store_wait %gs); the body never ran: %s",
+                self.name, request.id, key, waited, config.store_wait, exc,
+            )
+            store_wait_exhausted.send(sender=self, key=key, task_id=request.id, waited=waited)
+            raise exc
+        countdown = min(config.policy.interval * 2**waits, 60.0, config.store_wait - waited)
+        log.warning(
+            "fence: store unavailable for %s[%s] (key %r), waiting it out (again in %.1fs, "
+            "max_retries not spent): %s", self.name, request.id, key, countdown, exc,
+        )
+        signature = self.signature_from_request(request, countdown=countdown, retries=request.retries)
+        headers = dict(signature.options.get("headers") or {})
+        headers.update({WAITING_SINCE_HEADER: since, WAITS_HEADER: waits + 1})
+        signature.options["headers"] = headers
+        signature.apply_async()
+        raise Ignore()
 
     def superseded(self, fence: Fence, state: LeaseState | None) -> NoReturn:
         """A run of another task id took the key over and has not finished it: this task id ends FAILURE

@@ -11,6 +11,7 @@ broker): a re-queued copy is a real message.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from typing import Any
@@ -20,8 +21,9 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from sqlalchemy import text
 
-from celery_fence import FencedTask
+from celery_fence import FencedTask, StoreUnavailable
 from celery_fence.runtime import runtime_for
+from celery_fence.signals import store_wait_exhausted
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome
@@ -139,3 +141,38 @@ def test_a_copy_takes_the_key_back_from_the_attempt_that_sent_it(app: Celery, st
         events = [e.event for e in store.history(f"order:{n}") if e.event != "write"]
         assert events == ["acquire", "step", "release", "acquire", "complete"], (on_busy, events)
         assert wrapped.calls.count("acquire") == 3  # the first run, the copy held off, the copy again
+
+
+def test_a_store_outage_at_acquire_is_waited_out_without_spending_max_retries(
+    app: Celery, store: Any
+) -> None:
+    """Issue "recovery and outages", point 6: the store down before the body runs never fails the task:
+    the run is sent again with a backoff (not a Celery retry), here three times for a task allowed one."""
+    app.tasks["indeterminate.pipeline"].max_retries = 1
+    faults = [Fault(Outcome.BEFORE, method="acquire", nth=i) for i in range(1, 10)]  # 3 rounds of 3
+    _run(app, 1, faults)
+    _check(store, 1, faults)
+
+
+def test_a_run_that_cannot_wait_the_store_out_fails_and_says_so(
+    app: Celery, store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime = runtime_for(app)
+    runtime.config = dataclasses.replace(runtime.config, store_wait=0.5)
+    wrapped: IndeterminateStore = runtime.store  # type: ignore[assignment]
+    wrapped.faults = [Fault(Outcome.BEFORE, method="acquire", rate=1.0)]
+    gave_up: list[dict[str, Any]] = []
+
+    def on_gave_up(sender: Any = None, **fields: Any) -> None:
+        gave_up.append(fields)
+
+    store_wait_exhausted.connect(on_gave_up, weak=False)
+    try:
+        result = app.tasks["indeterminate.pipeline"].delay(1)
+        with pytest.raises(StoreUnavailable):
+            result.get(timeout=60)
+    finally:
+        store_wait_exhausted.disconnect(on_gave_up)
+    assert result.state == "FAILURE"
+    assert [(g["key"], g["task_id"]) for g in gave_up] == [("order:1", result.id)]
+    assert any("gave up on" in r.getMessage() and result.id in r.getMessage() for r in caplog.records)
