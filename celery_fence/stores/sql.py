@@ -18,8 +18,7 @@ from sqlalchemy import Connection
 
 from .. import codec
 from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
-from ..failpoints import failpoint
-from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from ..lease import HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from .sql_driver import DriverStatements
 from .sql_engine import (
     RowLocked,
@@ -27,19 +26,17 @@ from .sql_engine import (
     create_store_engine,
     safe_url,
     translate_errors,
-    user_statement_errors,
 )
 from .sql_queries import queries_for
+from .sql_recovery import SQLRecovery
 from .sql_rows import lease_state, renew_params
 from .sql_run import RunTransaction
 from .sql_schema import migrate, schema_current
 from .validation import (
-    check_abandoned,
     check_age,
     check_gap,
     check_lease,
     check_leases,
-    check_limit,
     check_owner,
     check_step_name,
     check_text,
@@ -52,14 +49,14 @@ log = logging.getLogger(__name__)
 PRUNED = {"event": "pruned", "owner": None, "detail": None}  # the marker a pruned key's history becomes
 
 
-class SQLStore:
+class SQLStore(SQLRecovery):
     """Lease store on PostgreSQL or SQLite; see :class:`celery_fence.stores.base.Store`."""
 
     max_value_bytes = codec.MAX_VALUE_BYTES  # far below a TEXT value's limit on either database
 
     def __init__(self, url: str, limits: SessionLimits | None = None) -> None:
         self.url = url
-        limits = limits or SessionLimits()
+        limits = self.limits = limits or SessionLimits()
         self.engine = create_store_engine(url, limits)  # explicit transactions
         self.autocommit_engine = create_store_engine(url, limits, autocommit=True)
         self.dialect = self.engine.dialect.name
@@ -167,32 +164,17 @@ class SQLStore:
 
     @contextmanager
     def transaction(self, lease: Lease, step: str | None = None) -> Iterator[Connection]:
-        """A transaction in which the lease row is checked and locked until commit (see the protocol).
-
-        The caller's own statements run outside the error translation: their errors are theirs, except a lost
-        connection, which is the store's outage (``StoreUnavailable``; nothing was committed).
-        """
+        """A transaction in which the lease row is checked and locked until commit (see the protocol): a
+        :class:`RunTransaction` of one block that commits when the block ends (an atomic step's)."""
         check_lease(lease)
         self._ready()
-        with translate_errors(self.url):
-            conn = self.engine.connect()
-            try:
-                tx = conn.begin()
-                current = self.guard(conn, lease, "step" if step else "write", step)
-            except BaseException:
-                conn.close()
-                raise
-        if not current:
-            conn.close()
-            self.refuse_now(lease, f"step {step}" if step else "write")
-        failpoint("after-guard")
+        run_tx = RunTransaction(self, lease, self.limits.idle_in_transaction, step)
         try:
-            with user_statement_errors(self.url):
+            with run_tx.block() as conn:
                 yield conn
-            with translate_errors(self.url):
-                tx.commit()
+            run_tx.commit()
         finally:
-            conn.close()  # rolls back whatever was not committed
+            run_tx.close()  # rolls back whatever was not committed
 
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
         check_lease(lease)
@@ -277,32 +259,6 @@ class SQLStore:
         if floor is None:  # it would leave the range: nothing changed
             raise past_the_range(gap)
         return int(floor)
-
-    def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
-        params = {"grace": check_age(grace), "limit": check_limit(limit)}
-        with self._one() as conn:
-            rows = conn.execute(self.q.abandoned, params).all()
-        return [
-            Abandoned(r.key, int(r.token), codec.loads(r.run), int(r.recoveries), int(r.recovery_sent))
-            for r in rows
-        ]
-
-    def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
-        check_abandoned(seen, max_recoveries, reason)
-        reason = reason or f"gave up after {max_recoveries} recoveries"
-        params = {
-            "key": seen.key,
-            "token": seen.token,
-            "seen": seen.recoveries,
-            "sent": seen.sent,
-            "max": max_recoveries,
-            "reason": reason,
-        }
-        with self._one() as conn:
-            row = conn.execute(self.q.recover, params).first()
-        if row is None:
-            return None
-        return 0 if row.dead is not None else int(row.recoveries) + 1
 
     def close(self) -> None:
         self._driver.close()

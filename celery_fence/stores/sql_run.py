@@ -84,6 +84,15 @@ class RunTransaction:
         finally:
             self.close()
 
+    def commit(self) -> None:
+        """Commit without a completion (a store-level ``transaction()``: an atomic step's writes)."""
+        self._usable()
+        try:
+            with translate_errors(self.store.url):
+                self._tx.commit()
+        finally:
+            self.close()
+
     def save_step(self, name: str, value: Any) -> None:
         """Record step ``name`` in this transaction: it commits with the run's completion."""
         conn = self._usable()

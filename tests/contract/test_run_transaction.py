@@ -12,7 +12,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import text
 
-from celery_fence import FencedTask, UsageError
+from celery_fence import FencedTask, StoreUnavailable, UsageError
 from celery_fence.fence import Fence
 from celery_fence.lease import LeasePolicy
 from celery_fence.renewer import Renewer
@@ -125,3 +125,17 @@ def test_the_renewer_never_waits_behind_its_own_runs_transaction(
     assert renewer.round_trips == 1 and renewer.deadline(b) == policy.deadline(1_000_000.0)  # B renewed
     state = store.get("A")
     assert state is not None and state.done
+
+
+@pytest.mark.parametrize("harness", ["postgresql"], indirect=True)
+def test_a_session_timeout_in_the_callers_statements_is_the_store_unavailable(store: Any) -> None:
+    """Issue "hardening", point 8: a statement cancelled by the session's ``statement_timeout`` inside
+    ``transaction()`` raised SQLAlchemy's raw ``OperationalError`` (the task failed); nothing committed and
+    waiting can heal it, so it is ``StoreUnavailable`` and the run runs again."""
+    lease = store.acquire("slow", "w", 30.0)
+    fence = Fence(store, lease, None, 30.0)
+    with pytest.raises(StoreUnavailable, match="nothing of it was committed"), fence.transaction() as conn:
+        conn.execute(text("SET LOCAL statement_timeout = 50"))
+        conn.execute(text("SELECT pg_sleep(5)"))
+    fence.abort()
+    assert [e.event for e in store.history("slow")] == ["acquire"]  # no write: it never committed

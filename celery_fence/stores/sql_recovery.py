@@ -1,0 +1,52 @@
+"""The SQL store's recovery operations (:class:`SQLStore` inherits them): which runs were abandoned, and the
+atomic claim of one's re-send. Kept apart so the store module stays one screenful of lease operations."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Connection
+
+from .. import codec
+from ..lease import Abandoned
+from .sql_queries import Queries
+from .validation import check_abandoned, check_age, check_limit
+
+__all__ = ["SQLRecovery"]
+
+
+class SQLRecovery:
+    """``abandoned`` and ``recover`` of :class:`celery_fence.stores.sql.SQLStore`."""
+
+    q: Queries
+
+    if TYPE_CHECKING:
+
+        def _one(self) -> AbstractContextManager[Connection]: ...
+
+    def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
+        params = {"grace": check_age(grace), "limit": check_limit(limit)}
+        with self._one() as conn:
+            rows = conn.execute(self.q.abandoned, params).all()
+        return [
+            Abandoned(r.key, int(r.token), codec.loads(r.run), int(r.recoveries), int(r.recovery_sent))
+            for r in rows
+        ]
+
+    def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
+        check_abandoned(seen, max_recoveries, reason)
+        reason = reason or f"gave up after {max_recoveries} recoveries"
+        params = {
+            "key": seen.key,
+            "token": seen.token,
+            "seen": seen.recoveries,
+            "sent": seen.sent,
+            "max": max_recoveries,
+            "reason": reason,
+        }
+        with self._one() as conn:
+            row = conn.execute(self.q.recover, params).first()
+        if row is None:
+            return None
+        return 0 if row.dead is not None else int(row.recoveries) + 1
