@@ -80,6 +80,9 @@ class FenceMetrics:
         )
         self.takeover = counter("takeover", "Acquires that took over an expired, unreleased lease")
         self.recovered = counter("recovered", "Abandoned runs sent again by recovery")
+        self.store_wait_exhausted = counter(
+            "store_wait_exhausted", "Runs that gave up waiting out an unavailable store before their body"
+        )
         self.hold = histogram(
             "lease_hold_seconds", "Seconds from a run's acquire to the end of its run", HOLD_BUCKETS
         )
@@ -117,6 +120,7 @@ class FenceMetrics:
             (signals.lease_takeover, self._on_takeover),
             (signals.lease_released, self._on_released),
             (signals.run_recovered, self._on_recovered),
+            (signals.store_wait_exhausted, self._counting(self.store_wait_exhausted)),
         ]
 
     def _task(self, sender: Any) -> str | None:

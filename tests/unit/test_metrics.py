@@ -14,7 +14,7 @@ from celery_fence import ConfigurationError, FencedTask, FenceMetrics, Lease, Le
 from celery_fence.config import FenceConfig
 from celery_fence.renewer import Renewer
 from celery_fence.runtime import runtime_for
-from celery_fence.signals import run_recovered, write_refused
+from celery_fence.signals import run_recovered, store_wait_exhausted, write_refused
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import FakeClock
 
@@ -98,6 +98,12 @@ def test_refusals_and_recoveries_of_the_connected_app_are_counted(app: Celery, m
     run_recovered.send(sender=app, key="k", task="unit.charge", task_id="t", attempt=1)
     assert value(metrics, "refused_total", task="unit.charge") == 1
     assert value(metrics, "recovered_total", task="unit.charge") == 1
+
+
+def test_a_run_that_gave_up_on_the_store_is_counted(app: Celery, metrics: FenceMetrics) -> None:
+    charge = fenced(app)
+    store_wait_exhausted.send(sender=charge, key="k", task_id="t", waited=600.0)
+    assert value(metrics, "store_wait_exhausted_total", task="unit.charge") == 1
 
 
 def test_the_renewer_reports_each_successful_renew(clock: FakeClock, store: MemoryStore) -> None:
