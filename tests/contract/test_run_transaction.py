@@ -5,6 +5,7 @@ error; the renewer never waits behind a run's own open transaction (issue "harde
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import text
 
-from celery_fence import FencedTask, StoreUnavailable, UsageError
+from celery_fence import FencedTask, LeaseHeld, StoreUnavailable, UsageError
 from celery_fence.fence import Fence
 from celery_fence.lease import LeasePolicy
 from celery_fence.renewer import Renewer
@@ -139,3 +140,32 @@ def test_a_session_timeout_in_the_callers_statements_is_the_store_unavailable(st
         conn.execute(text("SELECT pg_sleep(5)"))
     fence.abort()
     assert [e.event for e in store.history("slow")] == ["acquire"]  # no write: it never committed
+
+
+@pytest.mark.parametrize("harness", ["postgresql"], indirect=True)
+def test_a_paused_holders_transaction_blocks_a_takeover_for_one_ttl_at_most(store: Any) -> None:
+    """Issue "exactly once per key", point 1: the run's transaction holds the lease row locked until its
+    completion; a holder that stops after writing (here: simply goes idle) is ended by the server once it
+    sat idle for the lease ttl (``idle_in_transaction_session_timeout``, set to the ttl in the run's
+    transaction), its writes roll back, and the next acquire takes over."""
+    lease = store.acquire("paused", "a", 1.0)
+    fence = Fence(store, lease, None, 1.0)
+    with fence.transaction() as conn:
+        conn.execute(text("SELECT 1"))  # the guard locked the row; the holder now goes quiet
+    taken: list[Any] = []
+
+    def take_over() -> bool:
+        try:
+            taken.append(store.acquire("paused", "b", 30.0))
+        except LeaseHeld:  # answered at once while the row is locked, or while the lease lives
+            return False
+        return True
+
+    deadline = time.monotonic() + 30  # a bound for the poll, not a measurement
+    while not take_over():
+        assert time.monotonic() < deadline, "the paused holder's transaction was never ended"
+        time.sleep(0.05)
+    with pytest.raises(StoreUnavailable):  # the server ended its session: nothing of it commits
+        fence.commit("a's result")
+    events = [(e.event, e.owner) for e in store.history("paused")]
+    assert events == [("acquire", "a"), ("takeover", "b")], events  # no "write" of a's ever committed
