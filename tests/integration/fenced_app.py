@@ -230,3 +230,19 @@ def _die_before_publishing(headers: dict[str, Any] | None = None, **_: Any) -> N
 @after_task_publish.connect
 def _die_after_publishing(headers: dict[str, Any] | None = None, **_: Any) -> None:
     _die_publishing("after", headers)
+
+
+# Issue "hardening", point 9: the library's errors cross a real worker's result backend intact.
+@app.task
+def raises(name: str) -> None:
+    from celery_fence import errors
+
+    built = {
+        "LeaseHeld": lambda: errors.LeaseHeld("k", "host:1:abc-1", 4.25),
+        "AlreadyDone": lambda: errors.AlreadyDone("k", 7, {"total": [1, 2]}),
+        "LeaseLost": lambda: errors.LeaseLost("k", 7, "renew refused"),
+        "StaleToken": lambda: errors.StaleToken("k", 7, 9, "complete", recorded=True),
+        "StoreUnavailable": lambda: errors.StoreUnavailable("store down"),
+        "UsageError": lambda: errors.UsageError("do not commit by hand"),
+    }
+    raise built[name]()

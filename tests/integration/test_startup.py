@@ -28,3 +28,4 @@ def test_risky_settings_are_one_warning_each(cluster: Cluster) -> None:
     warnings = [line for line in lines if "WARNING" in line and "celery-fence:" in line]
     assert not warnings  # the test app's own settings are the safe ones
     assert risky.log_text().count("celery-fence: broker visibility_timeout (1.0s) is below") == 1
+
