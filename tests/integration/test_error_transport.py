@@ -1,4 +1,4 @@
-"""The library's errors on a real worker: raised in it, stored in its result backend, rebuilt by the client."""
+"""The library's errors on a real worker: raised there, stored in its backend, rebuilt by the client."""
 
 from __future__ import annotations
 
