@@ -4,16 +4,22 @@ path slowed down and cut (a TCP proxy), the store restarted mid-run."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from celery import chain
 from sqlalchemy import text
 
 from celery_fence.testing import StoreProxy
 from tests.contract.restartable import RESTARTABLE
+from tests.contract.sqlite_holder import holding_write_lock
 from tests.integration.conftest import Cluster
+from tests.integration.fenced_app import chaos
 from tests.integration.workers import wait_for
 
 from .checks import RUNS, done, settle_and_check
@@ -142,3 +148,73 @@ def test_the_store_restarted_mid_run(cluster: Cluster, request: pytest.FixtureRe
         keys += ids
     settle_and_check(cluster, request.node.callspec.id, "store restarted mid-run", keys)
     assert "failed, retrying" in worker.log_text(), "no renew saw the store go away: the fault did not bite"
+
+
+@pytest.mark.parametrize(
+    "cluster", [*every_store(*RESTARTABLE, restartable="1"), *every_store("sqlite")], indirect=True
+)
+def test_the_store_down_at_acquire(cluster: Cluster, request: pytest.FixtureRequest) -> None:
+    """Runs delivered while the store is down (its server crashed; on SQLite, another process holds the
+    write lock) never start their body and never fail: each waits the store out (sent again with a
+    backoff, its max_retries unspent) and runs once the store is back."""
+    store = request.node.callspec.id
+    worker = cluster.worker("a", concurrency=BATCH)
+    keys: list[str] = []
+    for size in _batches(RUNS):
+        ids = _ids(size)
+        with _store_down(cluster, store):
+            results = [chaos.apply_async((i,), task_id=i) for i in ids]
+            wait_for(lambda: "waiting it out" in worker.log_text(), 60, "a run to wait the store out")
+            time.sleep(2.0)  # the outage itself goes on a little: not a wait for a condition
+        assert all(r.get(timeout=120)["item"] == i for r, i in zip(results, ids, strict=True))
+        keys += ids
+    settle_and_check(cluster, store, "store down at acquire", keys)
+
+
+@contextlib.contextmanager
+def _store_down(cluster: Cluster, store: str) -> Iterator[None]:
+    if store == "sqlite":
+        with holding_write_lock(cluster.store.url.split(":///", 1)[1]) as holder:
+            yield
+            holder.commit()
+        return
+    cluster.server.crash()
+    try:
+        yield
+    finally:
+        cluster.server.start()
+
+
+def _ids(size: int) -> list[str]:
+    return [str(uuid.uuid4()) for _ in range(size)]
+
+
+@pytest.mark.parametrize("cluster", every_store(), indirect=True)
+def test_a_whole_worker_killed_mid_chain_is_recovered(
+    cluster: Cluster, request: pytest.FixtureRequest
+) -> None:
+    """chain(first, second) of fenced runs; the whole worker is SIGKILLed while the first runs (the Redis
+    broker keeps the unacked message for an hour): the recovery that every worker runs by default re-sends
+    the first run's message as it was, chain included, and the second runs once."""
+    interval = ("--fence-recover-interval", "0.5")
+    keys: list[str] = []
+    firsts: list[str] = []
+    for number, size in enumerate(_batches(RUNS)):
+        doomed = cluster.worker(f"doomed-{number}", concurrency=BATCH, extra=interval)
+        ids = _ids(size)
+        chains = [
+            chain(chaos.si(i, pause=60.0).set(task_id=i), chaos.si(f"{i}-next").set(task_id=f"{i}-next"))
+            for i in ids
+        ]
+        results = [c.apply_async() for c in chains]
+        wait_for(lambda ids=ids: _all_started(cluster, ids), 60, "the first runs to start")
+        os.killpg(os.getpgid(doomed.proc.pid), signal.SIGKILL)  # the whole worker: nobody releases or acks
+        doomed.proc.wait(10)
+        rescuer = cluster.worker(f"rescuer-{number}", concurrency=BATCH, extra=interval)
+        assert all(r.get(timeout=120)["item"] == f"{i}-next" for r, i in zip(results, ids, strict=True))
+        rescuer.stop()
+        keys += ids + [f"{i}-next" for i in ids]
+        firsts += ids
+    settle_and_check(cluster, request.node.callspec.id, "whole worker killed mid-chain", keys)
+    recovered = {e.key for e in cluster.store.history() if e.event == "recovered"}
+    assert set(firsts) <= recovered, "a first run finished without recovery: the fault did not bite"
