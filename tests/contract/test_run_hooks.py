@@ -120,16 +120,21 @@ def hooks() -> Iterator[list[Seen]]:
         signal.disconnect(watch)
 
 
+def _start_a(n: int, app: Celery, gates: Gates, hooks: list[Seen]) -> tuple[Any, Any, Seen]:
+    """Run ``A`` on key ``k:n``, watched by ``hooks``, until it waits in its body."""
+    keyed, a_id = app.tasks["hooks.keyed"], str(uuid.uuid4())
+    hooks.append(seen := Seen(a_id))
+    a = keyed.apply_async((n, "A"), {"wait": True}, task_id=a_id)
+    until(lambda: "A:0" in gates.entered, "A in its body")
+    return keyed, a, seen
+
+
 def test_a_refused_run_fires_neither_task_success_nor_task_failure_and_lease_lost_fires_on_loss(
     app: Celery, store: Any, harness: Harness, gates: Gates, clock: Clock, hooks: list[Seen]
 ) -> None:
-    keyed = app.tasks["hooks.keyed"]
-    a_id = str(uuid.uuid4())
-    hooks.append(seen := Seen(a_id))
-    a = keyed.apply_async((1, "A"), {"wait": True}, task_id=a_id)
-    until(lambda: "A:0" in gates.entered, "A in its body")
+    keyed, a, seen = _start_a(1, app, gates, hooks)
     harness.expire_all(store)  # A stalls past its lease; the broker's copy (same id) takes over, finishes
-    assert keyed.apply_async((1, "B"), task_id=a_id).get(timeout=30) == "done by B"
+    assert keyed.apply_async((1, "B"), task_id=a.id).get(timeout=30) == "done by B"
     assert seen.hooks() == ["task_success"]  # the copy's
     clock.offset += TTL / 3  # A's renew is due: the store refuses it (token superseded)
     runtime_for(app).renewer.tick()
@@ -145,11 +150,7 @@ def test_a_refused_run_fires_neither_task_success_nor_task_failure_and_lease_los
 def test_a_run_whose_lease_only_lapsed_sends_itself_again_with_recovery_off(
     app: Celery, store: Any, gates: Gates, clock: Clock, hooks: list[Seen]
 ) -> None:
-    keyed = app.tasks["hooks.keyed"]
-    a_id = str(uuid.uuid4())
-    hooks.append(seen := Seen(a_id))
-    a = keyed.apply_async((2, "A"), {"wait": True}, task_id=a_id)
-    until(lambda: "A:0" in gates.entered, "A in its body")
+    _, a, seen = _start_a(2, app, gates, hooks)
     runtime = runtime_for(app)
     runtime._store.down = True  # its renews fail until the local deadline: lost, nobody took over
     clock.offset += TTL
