@@ -166,6 +166,28 @@ def test_a_run_whose_lease_only_lapsed_sends_itself_again_with_recovery_off(
     assert seen.hooks() == ["lease_lost", "task_success"]  # the re-queued run fired nothing
 
 
+def test_a_lapsed_run_at_max_retries_keeps_its_lease_for_recovery(
+    app: Celery, store: Any, gates: Gates, clock: Clock, hooks: list[Seen]
+) -> None:
+    keyed, a, seen = _start_a(5, app, gates, hooks)
+    keyed.max_retries = 0  # its re-queue would be a retry past max_retries
+    held = store.get("k:5")
+    runtime = runtime_for(app)
+    runtime._store.down = True
+    clock.offset += TTL
+    runtime.renewer.tick()
+    runtime._store.down = False
+    try:
+        gates.open("A")
+        until(lambda: seen.fired.count("task_postrun") == 1, "A's run to end")
+    finally:
+        keyed.max_retries = 3
+    kept = store.get("k:5")
+    assert (kept.token, kept.owner, kept.done) == (held.token, held.owner, False)  # not released
+    assert "release" not in [e.event for e in store.history("k:5")]
+    assert a.state == "PENDING" and seen.hooks() == ["lease_lost"]  # nothing stored: recovery's to re-send
+
+
 def test_on_busy_retry_counts_down_the_holders_remaining_ttl_then_fails_with_lease_held(
     app: Celery, store: Any, gates: Gates
 ) -> None:
