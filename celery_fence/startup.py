@@ -12,7 +12,7 @@ from typing import Any
 from .config import FenceConfig
 from .errors import ConfigurationError
 from .lease import LeasePolicy
-from .stores import scheme_of
+from .stores import check_store_url, scheme_of
 
 __all__ = ["check_settings", "check_worker_at_start"]
 
@@ -24,6 +24,7 @@ ETCD_MIN_TTL = 2  # etcd leases are whole seconds, at least this
 def check_settings(conf: Mapping[str, Any], pool: str = "prefork") -> list[str]:
     """Warnings for ``conf``; raises ``ConfigurationError`` for settings that cannot work."""
     config = FenceConfig.from_conf(conf)
+    check_store_url(config.store_url)  # an unknown scheme or a missing driver stops the worker too
     ttl, warnings = config.policy.ttl, []
     if scheme_of(config.store_url)[0] == "etcd" and (ttl < ETCD_MIN_TTL or ttl != int(ttl)):
         warnings.append(f"fence_lease_ttl={ttl}: etcd leases are whole seconds, at least 2; rounded up")

@@ -16,7 +16,7 @@ from ..errors import ConfigurationError
 from .base import FencedConnectionStore, Store
 from .urls import mask_url
 
-__all__ = ["DEFAULT_STORE_URL", "FencedConnectionStore", "Store", "open_store"]
+__all__ = ["DEFAULT_STORE_URL", "FencedConnectionStore", "Store", "check_store_url", "open_store"]
 
 DEFAULT_STORE_URL = "sqlite:///celery_fence.db"
 
@@ -71,6 +71,21 @@ def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> Store:
     return store
 
 
+def check_store_url(url: object) -> None:
+    """Refuse, without connecting, what ``open_store(url)`` would refuse before its first round trip: a
+    malformed URL, an unknown scheme, a missing driver (the worker's startup check calls it)."""
+    base, driver = scheme_of(url)
+    builtin = _BUILTIN.get(base)
+    if builtin is not None:
+        _require_driver(base, driver, builtin)
+        if builtin.target.startswith("celery_fence.stores.sql:"):
+            from .sql_engine import check_sql_url  # SQLAlchemy: only for a SQL store
+
+            check_sql_url(str(url))
+    elif not any(ep.name == base for ep in entry_points(group="celery_fence.stores")):
+        raise _unknown_scheme(base, str(url))
+
+
 def _require_driver(base: str, driver: str | None, builtin: _Builtin) -> None:
     if driver == "asyncpg":
         raise ConfigurationError("asyncpg is async-only; use 'postgresql+psycopg://' (Celery tasks are sync)")
@@ -86,8 +101,12 @@ def _from_entry_point(base: str, url: str, options: dict[str, Any]) -> Store:
         if ep.name == base:
             store: Store = ep.load()(url, **options)
             return store
+    raise _unknown_scheme(base, url)
+
+
+def _unknown_scheme(base: str, url: str) -> ConfigurationError:
     known = ", ".join(sorted(_BUILTIN))
-    raise ConfigurationError(
+    return ConfigurationError(
         f"unknown fence store scheme {base!r} in {mask_url(url)!r}; use one of: {known}, "
         "or register a store under the 'celery_fence.stores' entry point group"
     )

@@ -45,6 +45,7 @@ from .validation import out_of_tokens
 __all__ = [
     "RowLocked",
     "SessionLimits",
+    "check_sql_url",
     "create_store_engine",
     "ended_while_idle",
     "safe_url",
@@ -64,8 +65,8 @@ class SessionLimits:
     connect: float = 5.0
 
 
-def create_store_engine(url: str, limits: SessionLimits, autocommit: bool = False) -> Engine:
-    """An engine for explicit transactions, or (``autocommit``) for one statement per transaction."""
+def check_sql_url(url: str) -> Any:
+    """The parsed ``url``, or ``ConfigurationError`` for what no engine can work with (no I/O)."""
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError):  # a bad port is a ValueError; the cause would repeat the password
@@ -73,6 +74,19 @@ def create_store_engine(url: str, limits: SessionLimits, autocommit: bool = Fals
             f"malformed fence store URL {mask_url(url)!r}: use dialect[+driver]://[user[:password]@]host"
             "[:port]/database (the port a number)"
         ) from None
+    if parsed.get_backend_name() == "sqlite" and (
+        parsed.database in (None, "", ":memory:") or "mode=memory" in str(parsed)
+    ):
+        raise ConfigurationError(
+            "an in-memory SQLite database is private to one connection; use 'memory://' for an "
+            "in-process store or 'sqlite:///path/to/fence.db' for a file"
+        )
+    return parsed
+
+
+def create_store_engine(url: str, limits: SessionLimits, autocommit: bool = False) -> Engine:
+    """An engine for explicit transactions, or (``autocommit``) for one statement per transaction."""
+    parsed = check_sql_url(url)
     try:
         if parsed.get_backend_name() == "sqlite":
             return _private_to_each_process(_sqlite_engine(parsed, limits, autocommit))
@@ -156,11 +170,6 @@ def _drop_if_ended(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
 
 
 def _sqlite_engine(url: Any, limits: SessionLimits, autocommit: bool) -> Engine:
-    if url.database in (None, "", ":memory:") or "mode=memory" in str(url):
-        raise ConfigurationError(
-            "an in-memory SQLite database is private to one connection; use 'memory://' for an "
-            "in-process store or 'sqlite:///path/to/fence.db' for a file"
-        )
     connect_args = {"timeout": limits.lock, "check_same_thread": False}
     engine = create_engine(url, connect_args=connect_args, **_pool_options(autocommit))
 

@@ -29,3 +29,18 @@ def test_risky_settings_are_one_warning_each(cluster: Cluster) -> None:
     assert not warnings  # the test app's own settings are the safe ones
     assert risky.log_text().count("celery-fence: broker visibility_timeout (1.0s) is below") == 1
 
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("nosuchstore://host/db", "unknown fence store scheme 'nosuchstore'"),
+        ("postgresql+pg8000://127.0.0.1/nothing", "pip install pg8000"),  # pg8000 is not installed
+    ],
+)
+def test_a_store_url_that_cannot_work_stops_the_worker(cluster: Cluster, url: str, says: str) -> None:
+    cmd = [CELERY, "-A", "tests.integration.fenced_app", "worker", "-P", "solo", "-Q", cluster.queue]
+    env = {**os.environ, **cluster.env, "FENCE_IT_STORE": url, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode != 0
+    assert "CRITICAL/MainProcess] celery-fence: " in done.stderr and says in done.stderr
+    assert "ready." not in done.stderr  # it never started consuming

@@ -165,3 +165,10 @@ def test_a_bad_prune_min_age_is_refused(value: Any) -> None:
         FenceConfig.from_conf({"fence_prune_min_age": value})
     with pytest.raises(ConfigurationError, match=r"broker_transport_options\['visibility_timeout'\]"):
         prune_min_age({"broker_transport_options": {"visibility_timeout": value}})
+
+
+@pytest.mark.parametrize("value", [-1, "10m", True, float("nan"), float("inf")])
+def test_a_bad_store_wait_is_refused(value: Any) -> None:
+    with pytest.raises(ConfigurationError, match="fence_store_wait must be a number of seconds"):
+        FenceConfig.from_conf({"fence_store_wait": value})
+    assert FenceConfig.from_conf({"fence_store_wait": 0}).store_wait == 0.0  # 0: never wait

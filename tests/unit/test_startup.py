@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import importlib.util
+import re
 from typing import Any
 
 import pytest
@@ -69,3 +71,24 @@ def test_a_ttl_short_against_sqlites_busy_timeout_is_a_warning(conf: dict[str, A
 @pytest.mark.parametrize("url", ["memory://", "redis://127.0.0.1:6379/0", "postgresql+psycopg://h/db"])
 def test_a_short_ttl_on_a_store_without_a_write_lock_is_no_warning(url: str) -> None:
     assert check_settings({**SAFE, "fence_store_url": url, "fence_lease_ttl": 3}) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "names"),
+    [
+        ("nosuchstore://host/db", "unknown fence store scheme 'nosuchstore'"),
+        ("postgresql+pg8000://db/shop", "pip install pg8000"),  # a driver that is not installed
+        ("sqlite://", "in-memory SQLite"),
+        ("postgresql+asyncpg://db/shop", "asyncpg"),
+    ],
+)
+def test_a_store_url_that_cannot_work_is_an_error_without_connecting(url: str, names: str) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(names)):
+        check_settings({**SAFE, "fence_store_url": url})
+
+
+def test_a_missing_extra_is_an_error_naming_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "redis" else real(n, *a))
+    with pytest.raises(ConfigurationError, match=re.escape("pip install 'celery-fence[redis]'")):
+        check_settings({**SAFE, "fence_store_url": "redis://localhost:6379/0"})

@@ -1,0 +1,239 @@
+"""What users' hooks and callers see of a run, through Celery's in-process worker (threads pool, recovery
+off: no bootstep runs in it): the signals of a refused and of a lost run, ``fence_on_busy`` ``retry`` and
+``ignore``, and the re-queue of a run whose lease only lapsed, with nobody to recover it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from celery.signals import before_task_publish, task_failure, task_postrun, task_success
+
+from celery_fence import FencedTask, LeaseHeld, StoreUnavailable
+from celery_fence.renewer import Renewer
+from celery_fence.runtime import runtime_for
+from celery_fence.signals import lease_duplicate, lease_lost
+
+from .harness import HARNESSES, Harness
+from .test_run_endings import Gates, until
+
+TTL = 30.0
+
+
+@pytest.fixture(params=("memory", "sqlite"))
+def harness(request: pytest.FixtureRequest) -> Harness:
+    return HARNESSES[request.param]
+
+
+@pytest.fixture
+def gates() -> Gates:
+    return Gates()
+
+
+class Clock:
+    """The renewer's monotonic clock, moved on by the test: no waiting for a renew interval."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.offset
+
+
+class Unreachable:
+    """The store, except that its renews fail as if the server did not answer (``down``)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store, self.down = store, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def renew(self, leases: Any, ttl: float) -> Any:
+        if self.down:
+            raise StoreUnavailable("the test cut the store")
+        return self._store.renew(leases, ttl)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def app(store: Any, gates: Gates, clock: Clock) -> Iterator[Celery]:
+    app = Celery("hooks", broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.update(fence_store_url=store.url, fence_lease_ttl=TTL, fence_recover=False)
+    app.conf.broker_transport_options = {"polling_interval": 0.01}
+
+    @app.task(base=FencedTask, bind=True, fence_key="k:{n}", name="hooks.keyed", shared=False)
+    def keyed(self: Any, n: int, tag: str, wait: bool = False) -> str:
+        gates.entered.add(f"{tag}:{self.request.retries}")
+        if wait:
+            gates.wait(tag)
+        self.fence.check()
+        return f"done by {tag}"
+
+    runtime = runtime_for(app)
+    runtime._store = Unreachable(store)
+    runtime._renewer = Renewer(runtime._store, runtime.config.policy.interval, clock=clock)
+    with start_worker(app, pool="threads", concurrency=3, perform_ping_check=False, shutdown_timeout=10):
+        yield app
+    for tag in list(gates.entered):
+        gates.open(tag.split(":")[0])
+    runtime._store = None  # the harness closes the store itself
+    runtime.close()
+
+
+class Seen:
+    """The Celery and celery-fence signals fired for one task id."""
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id, self.fired = task_id, []
+
+    def __call__(self, signal: Any = None, sender: Any = None, task_id: str = "", **kw: Any) -> None:
+        request_id = task_id or getattr(getattr(sender, "request", None), "id", None)
+        if task_id == self.task_id or (not task_id and request_id == self.task_id):
+            self.fired.append(signal.name)
+
+    def hooks(self) -> list[str]:
+        return [name for name in self.fired if name != "task_postrun"]
+
+
+@pytest.fixture
+def hooks() -> Iterator[list[Seen]]:
+    watching: list[Seen] = []
+
+    def watch(signal: Any = None, sender: Any = None, **kw: Any) -> None:
+        for seen in watching:
+            seen(signal=signal, sender=sender, **kw)
+
+    for signal in (task_success, task_failure, task_postrun, lease_lost):
+        signal.connect(watch, weak=False)
+    yield watching
+    for signal in (task_success, task_failure, task_postrun, lease_lost):
+        signal.disconnect(watch)
+
+
+def _start_a(n: int, app: Celery, gates: Gates, hooks: list[Seen]) -> tuple[Any, Any, Seen]:
+    """Run ``A`` on key ``k:n``, watched by ``hooks``, until it waits in its body."""
+    keyed, a_id = app.tasks["hooks.keyed"], str(uuid.uuid4())
+    hooks.append(seen := Seen(a_id))
+    a = keyed.apply_async((n, "A"), {"wait": True}, task_id=a_id)
+    until(lambda: "A:0" in gates.entered, "A in its body")
+    return keyed, a, seen
+
+
+def test_a_refused_run_fires_neither_task_success_nor_task_failure_and_lease_lost_fires_on_loss(
+    app: Celery, store: Any, harness: Harness, gates: Gates, clock: Clock, hooks: list[Seen]
+) -> None:
+    keyed, a, seen = _start_a(1, app, gates, hooks)
+    harness.expire_all(store)  # A stalls past its lease; the broker's copy (same id) takes over, finishes
+    assert keyed.apply_async((1, "B"), task_id=a.id).get(timeout=30) == "done by B"
+    assert seen.hooks() == ["task_success"]  # the copy's
+    clock.offset += TTL / 3  # A's renew is due: the store refuses it (token superseded)
+    runtime_for(app).renewer.tick()
+    assert seen.hooks() == ["task_success", "lease_lost"]
+    gates.open("A")
+    until(lambda: seen.fired.count("task_postrun") == 2, "A's run to end")
+    assert "refused" in [e.event for e in store.history("k:1")]
+    assert a.get(timeout=30) == "done by B"  # the copy's SUCCESS, never overwritten
+    assert seen.hooks() == ["task_success", "lease_lost"]  # nothing more for the refused run
+    assert [e.event for e in store.history("k:1")].count("complete") == 1
+
+
+def test_a_run_whose_lease_only_lapsed_sends_itself_again_with_recovery_off(
+    app: Celery, store: Any, gates: Gates, clock: Clock, hooks: list[Seen]
+) -> None:
+    _, a, seen = _start_a(2, app, gates, hooks)
+    runtime = runtime_for(app)
+    runtime._store.down = True  # its renews fail until the local deadline: lost, nobody took over
+    clock.offset += TTL
+    runtime.renewer.tick()
+    runtime._store.down = False
+    assert seen.hooks() == ["lease_lost"]
+    gates.open("A")  # check() raises LeaseLost; the store shows A's own token unfinished: re-queued
+    assert a.get(timeout=30) == "done by A"
+    assert "A:1" in gates.entered  # the copy (same id) ran the body: the work was not dropped
+    events = [e.event for e in store.history("k:2")]
+    assert events.count("complete") == 1 and events[0] == "acquire"
+    until(lambda: seen.fired.count("task_postrun") == 2, "both runs to end")
+    assert seen.hooks() == ["lease_lost", "task_success"]  # the re-queued run fired nothing
+
+
+def test_a_lapsed_run_at_max_retries_keeps_its_lease_for_recovery(
+    app: Celery, store: Any, gates: Gates, clock: Clock, hooks: list[Seen]
+) -> None:
+    keyed, a, seen = _start_a(5, app, gates, hooks)
+    keyed.max_retries = 0  # its re-queue would be a retry past max_retries
+    held = store.get("k:5")
+    runtime = runtime_for(app)
+    runtime._store.down = True
+    clock.offset += TTL
+    runtime.renewer.tick()
+    runtime._store.down = False
+    try:
+        gates.open("A")
+        until(lambda: seen.fired.count("task_postrun") == 1, "A's run to end")
+    finally:
+        keyed.max_retries = 3
+    kept = store.get("k:5")
+    assert (kept.token, kept.owner, kept.done) == (held.token, held.owner, False)  # not released
+    assert "release" not in [e.event for e in store.history("k:5")]
+    assert a.state == "PENDING" and seen.hooks() == ["lease_lost"]  # nothing stored: recovery's to re-send
+
+
+def test_on_busy_retry_counts_down_the_holders_remaining_ttl_then_fails_with_lease_held(
+    app: Celery, store: Any, gates: Gates
+) -> None:
+    keyed = app.tasks["hooks.keyed"]
+    store.acquire("k:3", "someone-else", TTL)  # held elsewhere, for the whole test
+    published: list[dict[str, Any]] = []
+
+    def on_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        published.append(dict(headers or {}))
+
+    before_task_publish.connect(on_publish, weak=False)
+    try:
+        keyed.max_retries = 1
+        b = keyed.delay(3, "B")
+        until(lambda: b.state == "RETRY", "B to show RETRY")
+        retry = next(h for h in published if h.get("id") == b.id and h.get("retries") == 1)
+        countdown = time.mktime(time.strptime(retry["eta"][:19], "%Y-%m-%dT%H:%M:%S")) - time.mktime(
+            time.gmtime()
+        )
+        assert TTL - 10 < countdown <= TTL + 1  # the holder's remaining ttl, not an interval
+        keyed.max_retries = 0
+        c = keyed.delay(3, "C")
+        with pytest.raises(LeaseHeld):  # max_retries spent: FAILURE with the LeaseHeld
+            c.get(timeout=30)
+    finally:
+        before_task_publish.disconnect(on_publish)
+        keyed.max_retries = 3
+    assert not any(tag.startswith(("B:", "C:")) for tag in gates.entered)  # no body ran
+
+
+def test_on_busy_ignore_runs_nothing_and_ends_ready_with_lease_held(
+    app: Celery, store: Any, gates: Gates
+) -> None:
+    keyed = app.tasks["hooks.keyed"]
+    keyed.fence_on_busy = "ignore"
+    store.acquire("k:4", "someone-else", TTL)
+    absorbed: list[str] = []
+
+    def on_duplicate(sender: Any = None, reason: str = "", **_: Any) -> None:
+        absorbed.append(reason)
+
+    lease_duplicate.connect(on_duplicate, weak=False)
+    try:
+        with pytest.raises(LeaseHeld, match="someone-else"):
+            keyed.delay(4, "D").get(timeout=30)
+    finally:
+        lease_duplicate.disconnect(on_duplicate)
+        keyed.fence_on_busy = None
+    assert absorbed == ["held"] and not any(tag.startswith("D:") for tag in gates.entered)

@@ -1,0 +1,35 @@
+"""Whether a worker takes part in recovery: ``fence_recover`` (default on), overridden by
+``--fence-recover``/``--no-fence-recover``; a step that is not included is never started by Celery."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_fence.bootstep import FenceRecovery
+
+
+def _worker(conf: dict[str, Any]) -> Any:
+    app = Celery("step", broker="memory://", set_as_current=False)
+    app.conf.update(conf)
+    return SimpleNamespace(app=app)
+
+
+@pytest.mark.parametrize(
+    ("conf", "option", "included"),
+    [
+        ({}, None, True),  # on by default
+        ({"fence_recover": False}, None, False),
+        ({"fence_recover": True}, False, False),  # --no-fence-recover wins
+        ({"fence_recover": False}, True, True),  # --fence-recover wins
+    ],
+)
+def test_fence_recover_and_the_worker_option_decide_whether_the_step_runs(
+    conf: dict[str, Any], option: bool | None, included: bool
+) -> None:
+    worker = _worker(conf)
+    step = FenceRecovery(worker, fence_recover=option)
+    assert step.include_if(worker) is included
