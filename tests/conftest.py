@@ -7,8 +7,10 @@ A test that needs a server it cannot reach is skipped on a developer's machine a
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -115,3 +117,15 @@ def etcd_binary() -> str:
     reason = f"no executable at {candidate}; install etcd-server or set ETCD_BIN"
     require_server("etcd", found, reason)
     return str(path)
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_as_it_was() -> Iterator[None]:
+    """Celery's in-process worker (``start_worker``) sets the root logger's level (ERROR) and adds a
+    handler; a later test's ``caplog`` would then miss warnings. Put the root logger back after each test."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)

@@ -203,7 +203,10 @@ def test_a_whole_worker_killed_mid_chain_is_recovered(
         doomed = cluster.worker(f"doomed-{number}", concurrency=BATCH, extra=interval)
         ids = _ids(size)
         chains = [
-            chain(chaos.si(i, pause=60.0).set(task_id=i), chaos.si(f"{i}-next").set(task_id=f"{i}-next"))
+            chain(  # the second is sent by a worker, whose default queue is not this test's
+                chaos.si(i, pause=60.0).set(task_id=i),
+                chaos.si(f"{i}-next").set(task_id=f"{i}-next", queue=cluster.queue),
+            )
             for i in ids
         ]
         results = [c.apply_async() for c in chains]

@@ -117,7 +117,8 @@ def test_every_call_position_and_outcome_leaves_one_effect_and_no_lost_work(
         outcomes = [Outcome.BEFORE, Outcome.LOST]
     cases = [[Fault(o, nth=i)] for i in range(1, len(clean) + 1) for o in outcomes]
     # ... and a second fault on the call right after the first: the way out (a release, a read) fails too.
-    cases += [
+    # (On the SQL stores, whose runs make the most calls; memory and Redis share the same run code.)
+    cases += [] if not isinstance(store, SQLStore) else [
         [Fault(o1, nth=i), Fault(o2, nth=i + 1)]
         for i in range(1, len(clean) + 1)
         for o1, o2 in itertools.product((Outcome.BEFORE, Outcome.LOST), repeat=2)

@@ -58,7 +58,8 @@ def _fence(path: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(
-    "args", [("recover", "--grace", "0"), ("release", "live", "--yes"), ("prune", "--older-than", "0")]
+    "args",
+    [("recover", "--grace", "0"), ("release", "live", "--yes"), ("prune", "--older-than", "0", "--force")],
 )
 def test_a_writing_admin_command_fails_fast_naming_the_cause(path: str, args: tuple[str, ...]) -> None:
     with holding_write_lock(path, stopped=True):
