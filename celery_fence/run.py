@@ -82,7 +82,7 @@ class Run:
     def execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         owner = self.runtime.new_owner()
         failpoint("before-acquire")
-        for _ in range(ACQUIRE_ROUNDS):
+        for round_ in range(1, ACQUIRE_ROUNDS + 1):
             facts, lease, sent_at, problem = self._acquire(owner)
             action = self._decide(facts, token=0)
             if action is Action.RUN:
@@ -92,7 +92,9 @@ class Run:
                 self._take_back()
             elif action is not Action.ACQUIRE_AGAIN:
                 return self._end_unrun(action, problem)
-        raise LeaseHeld(self.key, None, None)  # the key kept changing: let fence_on_busy's caller retry
+            time.sleep(0.05 * round_)  # e.g. the earlier attempt is still rolling its transaction back
+        # The key kept changing under us: whoever holds it now, fence_on_busy decides.
+        return self.host.busy(LeaseHeld(self.key, None, None), self.config)
 
     def _acquire(self, owner: str) -> tuple[Facts, Lease | None, float, FenceError | None]:
         """One acquire, repeating a store hiccup with the same owner: an acquire that committed but whose
