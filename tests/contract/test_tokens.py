@@ -102,7 +102,10 @@ def _acquire_until(store: Any, prefix: str, deadline: float) -> list[int]:
 def _advance_until(store: Any, deadline: float) -> list[int]:
     floors = []
     while time.monotonic() < deadline:
-        floors.append(store.advance(1))  # small gaps: a move back would hand out an issued token again
+        try:
+            floors.append(store.advance(1))  # small gaps: a move back would hand out an issued token again
+        except StoreUnavailable:  # etcd: the acquires kept changing the revision; nothing was written
+            continue
     return floors
 
 
