@@ -32,7 +32,7 @@ from .lease import Lease, LeaseState
 from .renewer import OnLost, OnRenewed
 from .runtime import FenceRuntime
 
-__all__ = ["Run", "RunHost", "decide"]
+__all__ = ["Run", "RunHost", "decide", "quietly"]
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class Run:
                 return self._end(Action.REQUEUE, fence, None, self.config.policy.interval, cause=exc)
             except BaseException:
                 fence.abort()
-                self._quietly(self.store.release, lease)
+                quietly(self.store.release, lease)
                 raise
             return self._complete(fence, result)
         finally:
@@ -185,9 +185,9 @@ class Run:
     def _refused(self, fence: Fence, exc: LeaseLost | StaleToken) -> Any:
         fence.abort()
         if isinstance(exc, LeaseLost):  # refused here, before the store saw a write
-            self._quietly(self.store.refuse, fence.lease, f"lease lost: {exc.reason}")
+            quietly(self.store.refuse, fence.lease, f"lease lost: {exc.reason}")
         elif not exc.recorded:  # refused by the resource itself (fenced_update): put it in the history too
-            self._quietly(self.store.refuse, fence.lease, exc.what)
+            quietly(self.store.refuse, fence.lease, exc.what)
         action = self._decide(Facts(Event.REFUSED), token=fence.token)
         return self._end(action, fence, None, 0.0, reason=str(exc), cause=exc)
 
@@ -208,7 +208,7 @@ class Run:
                 event = self._completion_event(exc)
             except BaseException:  # nothing was stored (e.g. NotSerializable): a failed run, released
                 fence.abort()
-                self._quietly(self.store.release, fence.lease)
+                quietly(self.store.release, fence.lease)
                 raise
             facts = Facts(event, joined=joined)
             while True:
@@ -269,13 +269,14 @@ class Run:
         assert action is Action.REFUSE_SUPERSEDED, action
         self.host.superseded(fence, self.state)
 
-    def _quietly(self, fn: Any, *args: Any) -> Any:
-        """Best-effort store calls on the way out: a failure leaves the lease to expire by its ttl."""
-        try:
-            return fn(*args)
-        except FenceError as exc:
-            log.warning("fence: %s on %s failed: %s", getattr(fn, "__name__", fn), self.key, exc)
-            return None
+
+def quietly(fn: Any, *args: Any) -> Any:
+    """Best-effort store calls on the way out: a failure leaves the lease to expire by its ttl."""
+    try:
+        return fn(*args)
+    except FenceError as exc:
+        log.warning("fence: %s failed: %s", getattr(fn, "__name__", fn), exc)
+        return None
 
 
 def _holder(state: LeaseState) -> str:

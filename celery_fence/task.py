@@ -33,7 +33,7 @@ from .fence import Fence
 from .keys import derive_key
 from .lease import Lease, LeaseState
 from .renewer import OnLost, OnRenewed
-from .run import Run
+from .run import Run, quietly
 from .runinfo import run_info
 from .runtime import runtime_for
 from .signals import (
@@ -64,15 +64,6 @@ def _token_or_none(value: Any) -> int | None:
 def _seconds_or_none(value: Any) -> float | None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
     return float(value) if ok else None
-
-
-def _quietly(fn: Callable[..., Any], *args: Any) -> Any:
-    """Best-effort store calls on the way out: a failure leaves the lease to expire by its ttl."""
-    try:
-        return fn(*args)
-    except FenceError as exc:
-        log.warning("fence: %s failed: %s", getattr(fn, "__name__", fn), exc)
-        return None
 
 
 class FencedTask(Task):  # type: ignore[misc]  # celery ships no type information
@@ -198,7 +189,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         store = runtime_for(self.app).store
         if request.is_eager:  # apply() has no queue to go back to: the caller sees why
             if handing_back is not None:
-                _quietly(store.release, handing_back)
+                quietly(store.release, handing_back)
             raise cause if cause is not None else Ignore()
         if self.max_retries is not None and request.retries >= self.max_retries:
             log.error(
@@ -210,7 +201,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             raise Ignore()
         self.signature_from_request(request, countdown=countdown, retries=request.retries + 1).apply_async()
         if handing_back is not None:
-            _quietly(store.release, handing_back)  # the copy just sent may start at once
+            quietly(store.release, handing_back)  # the copy just sent may start at once
         raise Ignore()
 
     def busy(self, held: LeaseHeld, config: FenceConfig) -> Any:
