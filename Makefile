@@ -41,15 +41,17 @@ chaos: venv
 
 # The chaos suite at FENCE_SOAK_RUNS faulted runs per fault and store (default 1000), SOAK_BATCH of them
 # at once, on a private PostgreSQL (its own max_connections; the shared server is left alone) and Redis
-# databases of its own, then the table in docs/reliability.md.
+# databases of its own, then the table in docs/reliability.md. A soak of a few cases
+# (ARGS="-k ..." SOAK_SECTION=name) writes its own table, between <!-- soak-name:begin/end --> markers.
 SOAK_RUNS ?= 1000
 SOAK_BATCH ?= 50
+SOAK_SECTION ?=
 soak: venv
 	rm -f .soak.jsonl
 	FENCE_SOAK_RUNS=$(SOAK_RUNS) FENCE_SOAK_BATCH=$(SOAK_BATCH) FENCE_TEST_PG_PRIVATE=1 \
 	FENCE_TEST_BROKER_DB=3 FENCE_TEST_BACKEND_DB=4 FENCE_SOAK_REPORT=$(CURDIR)/.soak.jsonl \
 	$(PYTEST) tests/chaos --timeout=0 $(ARGS)
-	FENCE_SOAK_BATCH=$(SOAK_BATCH) $(PY) -m tests.chaos.report .soak.jsonl docs/reliability.md
+	FENCE_SOAK_BATCH=$(SOAK_BATCH) $(PY) -m tests.chaos.report .soak.jsonl docs/reliability.md $(SOAK_SECTION)
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)

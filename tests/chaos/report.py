@@ -1,4 +1,6 @@
-"""``python -m tests.chaos.report SOAK.jsonl docs/reliability.md``: the soak table from the chaos tallies."""
+"""``python -m tests.chaos.report SOAK.jsonl docs/reliability.md [SECTION]``: the soak table from the chaos
+tallies, written between ``<!-- soak:begin -->`` and ``<!-- soak:end -->`` (or, given a SECTION, between
+``<!-- soak-SECTION:begin -->`` and its end marker, so a soak of a few cases leaves the full table alone)."""
 
 from __future__ import annotations
 
@@ -25,10 +27,7 @@ releases that lease at once (`FencedRequest`): the next run acquires it without 
 """
 
 
-BEGIN, END = "<!-- soak:begin -->", "<!-- soak:end -->"
-
-
-def main(source: str, target: str) -> None:
+def main(source: str, target: str, section: str = "") -> None:
     rows: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: dict.fromkeys(COLUMNS, 0))
     for line in Path(source).read_text().splitlines():
         tally = json.loads(line)
@@ -45,19 +44,22 @@ def main(source: str, target: str) -> None:
         lines.append(f"| {store} | {fault} | " + " | ".join(str(row[c]) for c in COLUMNS) + " |")
     totals = {c: sum(row[c] for row in rows.values()) for c in COLUMNS}
     lines.append("| **all** | | " + " | ".join(f"**{totals[c]}**" for c in COLUMNS) + " |")
-    _write_between_markers(Path(target), "\n".join(lines))
+    _write_between_markers(Path(target), "\n".join(lines), f"soak-{section}" if section else "soak")
     print("\n".join(lines[-len(rows) - 3 :]))
 
 
-def _write_between_markers(target: Path, table: str) -> None:
+def _write_between_markers(target: Path, table: str, name: str) -> None:
     """Replace what stands between the markers; anything written around them by hand stays."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     text = target.read_text() if target.exists() else ""
-    if BEGIN in text and END in text:
-        before, rest = text.split(BEGIN, 1)
-        after = rest.split(END, 1)[1]
+    if begin in text and end in text:
+        before, rest = text.split(begin, 1)
+        after = rest.split(end, 1)[1]
+    elif text:
+        before, after = text.rstrip("\n") + "\n\n", "\n"
     else:
         before, after = HEADER + "\n", "\n"
-    target.write_text(f"{before}{BEGIN}\n{table}\n{END}{after}")
+    target.write_text(f"{before}{begin}\n{table}\n{end}{after}")
 
 
 def _commit() -> str:
@@ -67,4 +69,4 @@ def _commit() -> str:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
