@@ -98,6 +98,11 @@ def record_keyed(self: Any, item: Any, pause: float = 0.0) -> dict[str, Any]:
     return effect(self, item, pause)
 
 
+@app.task(base=FencedTask, bind=True, fence_key="item:{item}", fence_on_busy="fail")
+def record_keyed_or_fail(self: Any, item: Any, pause: float = 0.0) -> dict[str, Any]:
+    return effect(self, item, pause)
+
+
 @app.task(base=FencedTask, bind=True, autoretry_for=(RuntimeError,), default_retry_delay=0, max_retries=3)
 def flaky(self: Any, item: Any) -> dict[str, Any]:
     if self.request.retries == 0:

@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 from celery import chain, chord, group
 
+from celery_fence import LeaseHeld
+
 from .conftest import Cluster
-from .fenced_app import after, record, runs_of
+from .fenced_app import after, record, record_keyed, record_keyed_or_fail, runs_of
 from .workers import marks, wait_for
 
 pytestmark = pytest.mark.integration
@@ -241,3 +243,119 @@ def test_a_chain_step_refused_after_an_admin_release_runs_again_and_advances_onc
 def _expired(cluster: Cluster, key: str) -> bool:
     state = cluster.store.get(key)
     return state is None or state.expires_in is None or state.expires_in <= 0
+
+
+# Claim C60: the rows of the table for another task id (the same fence_key), through a chain.
+
+
+def test_a_chain_whose_key_another_task_id_finished_advances_with_the_winners_result(
+    cluster: Cluster,
+) -> None:
+    """Two chains whose first steps (different task ids) share a fence_key: the second finds the key
+    finished and returns the winner's result without running the body; its own chain advances with it."""
+    cluster.worker("a")
+    queue, item, labels = _next_queue(cluster), _label(), (_label(), _label())
+    first = chain(record_keyed.s(item), after.s(labels[0]).set(queue=queue)).apply_async()
+    winner = first.get(timeout=30)
+    second = chain(record_keyed.s(item), after.s(labels[1]).set(queue=queue)).apply_async()
+    assert second.get(timeout=30) == winner
+    _barrier(cluster, queue)
+    assert [_values(cluster, label) for label in labels] == [[winner], [winner]]
+    assert marks(cluster.workdir, second.parent.id, "started") == []  # the body did not run again
+    assert len(cluster.effects(f"item:{item}")) == 1
+
+
+def test_a_chain_whose_key_another_task_id_holds_retries_then_advances_with_the_winners_result(
+    cluster: Cluster,
+) -> None:
+    """The key is held by another task id's run: with ``fence_on_busy="retry"`` (the default) the second
+    chain's step comes back after the holder's lease time, finds the key finished and returns the
+    winner's result; both chains advance once, with that result."""
+    cluster.worker("a", concurrency=2)
+    queue, item, labels = _next_queue(cluster), _label(), (_label(), _label())
+    first = chain(record_keyed.s(item, pause=3.0), after.s(labels[0]).set(queue=queue)).apply_async()
+    wait_for(lambda: marks(cluster.workdir, first.parent.id, "started"), what="the holder to start")
+    second = chain(record_keyed.s(item), after.s(labels[1]).set(queue=queue)).apply_async()
+    winner = first.get(timeout=30)
+    assert second.get(timeout=60) == winner
+    _barrier(cluster, queue)
+    assert [_values(cluster, label) for label in labels] == [[winner], [winner]]
+    assert marks(cluster.workdir, second.parent.id, "started") == []
+    assert len(cluster.effects(f"item:{item}")) == 1
+
+
+def test_a_chain_whose_key_another_task_id_holds_fails_with_fence_on_busy_fail(cluster: Cluster) -> None:
+    """``fence_on_busy="fail"``: the second chain's step fails with LeaseHeld naming the holder, the chain
+    stops (its next step never runs) and its errback runs; the holder's chain advances once."""
+    cluster.worker("a", concurrency=2)
+    queue, item, labels = _next_queue(cluster), _label(), (_label(), _label(), _label())
+    first = chain(record_keyed.s(item, pause=3.0), after.s(labels[0]).set(queue=queue)).apply_async()
+    wait_for(lambda: marks(cluster.workdir, first.parent.id, "started"), what="the holder to start")
+    errback = after.si(None, labels[2]).set(queue=queue)
+    second = chain(record_keyed_or_fail.s(item), after.s(labels[1]).set(queue=queue))
+    second = second.on_error(errback).apply_async()
+    with pytest.raises(LeaseHeld, match=first.parent.id):
+        second.parent.get(timeout=30, propagate=True)
+    winner = first.get(timeout=30)
+    _barrier(cluster, queue)
+    assert [len(_values(cluster, label)) for label in labels] == [1, 0, 1]
+    assert _values(cluster, labels[0]) == [winner]
+    assert len(cluster.effects(f"item:{item}")) == 1
+
+
+@pytest.mark.parametrize("holder_pause", [0.0, 8.0], ids=["winner-finished", "winner-holds"])
+def test_a_chain_step_refused_after_another_task_id_took_its_key_over(
+    cluster: Cluster, holder_pause: float
+) -> None:
+    """The first chain's step is paused (SIGSTOP) past its lease; another task id with the same key takes
+    it over. Resumed, the paused run is refused. If the winner finished, the refused step returns the
+    winner's result and its chain advances once with it; if the winner still holds the key, the refused
+    step fails with LeaseHeld naming it and its chain stops."""
+    a = cluster.worker("a", queues=f"{cluster.queue}-a")
+    cluster.worker("b", concurrency=2)
+    queue, item, labels = _next_queue(cluster), _label(), (_label(), _label())
+    step = record_keyed.s(item, pause=3.0).set(queue=f"{cluster.queue}-a")
+    paused = chain(step, after.s(labels[0]).set(queue=queue)).apply_async()
+    ((pid, _),) = wait_for(lambda: marks(cluster.workdir, paused.parent.id, "started"), what="first run")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: _expired(cluster, f"item:{item}"), what="the paused lease to expire")
+        winner = chain(record_keyed.s(item, pause=holder_pause), after.s(labels[1]).set(queue=queue))
+        winner = winner.apply_async()
+        wait_for(lambda: marks(cluster.workdir, winner.parent.id, "started"), what="the takeover")
+        if not holder_pause:
+            winner.get(timeout=30)  # finished before the paused run resumes
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: "fence refused" in a.log_text(), what="the paused run's refusal")
+    if holder_pause:
+        with pytest.raises(LeaseHeld, match=winner.parent.id):
+            paused.parent.get(timeout=30, propagate=True)
+    winning = winner.get(timeout=30)
+    if not holder_pause:
+        assert paused.get(timeout=30) == winning
+    _barrier(cluster, queue)
+    assert _values(cluster, labels[1]) == [winning]
+    assert _values(cluster, labels[0]) == ([] if holder_pause else [winning])
+    assert cluster.effects(f"item:{item}") == [
+        (f"item:{item}", winning["token"], winner.parent.id, winning["pid"])
+    ]
+
+
+def test_a_frozen_chord_applied_again_after_it_finished_runs_its_body_once(cluster: Cluster) -> None:
+    """The same frozen chord (same ids) applied a second time after it finished: every part's key is
+    finished and its SUCCESS stored, so every part is absorbed and the body does not run again."""
+    cluster.worker("a", concurrency=2)
+    queue, label = _next_queue(cluster), _label()
+    canvas = chord([record.s("c0"), record.s("c1")], after.s(label).set(queue=queue))
+    result = canvas.freeze()
+    parts = [part.id for part in result.parent.results]
+    canvas.apply_async()
+    body = result.get(timeout=30)
+    canvas.apply_async()
+    for part in parts:
+        assert wait_for(lambda: _settled(cluster, part) >= 2, 30, "the copies to end")  # noqa: B023
+        assert f"duplicate delivery of {part} absorbed: done" in _log(cluster)
+        assert len(cluster.effects(part)) == 1
+    _barrier(cluster, queue)
+    assert [run["value"] for run in runs_of(label, cluster.workdir)] == [body]

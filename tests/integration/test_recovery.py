@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 
 import pytest
 from celery import chain
+from celery.result import AsyncResult
 from kombu import Exchange, Queue
 
 from .conftest import Cluster
@@ -47,11 +49,7 @@ def test_recovery_is_on_by_default_and_one_worker_at_a_time_runs_it(cluster: Clu
     """Review point 4: a whole worker SIGKILLed mid-run is recovered without anyone passing
     --fence-recover or running `celery fence recover`; of the workers left, exactly one is elected."""
     interval = ("--fence-recover-interval", "0.5")
-    a = cluster.worker("a", extra=interval)
-    result = record.apply_async(("abandoned",), {"pause": 60.0})
-    wait_for(lambda: marks(cluster.workdir, result.id, "started"), what="the run started")
-    os.killpg(os.getpgid(a.proc.pid), signal.SIGKILL)  # the whole worker: nobody releases or acks
-    a.proc.wait(10)
+    result = _abandoned_by_a_killed_worker(cluster, "abandoned", interval)
     b, c = cluster.worker("b", extra=interval), cluster.worker("c", extra=interval)
     assert result.get(timeout=90)["item"] == "abandoned"
     assert "recovered" in [event for event, _ in cluster.events(result.id)]
@@ -60,3 +58,38 @@ def test_recovery_is_on_by_default_and_one_worker_at_a_time_runs_it(cluster: Clu
     assert len(elected) == 1, elected
     holder = cluster.store.get("celery-fence:recoverer")
     assert holder is not None and holder.expires_in is not None and holder.expires_in > 0
+
+
+def test_a_worker_started_with_no_fence_recover_never_recovers(cluster: Cluster) -> None:
+    """Claim C57, the opt-out: a worker started with ``--no-fence-recover`` leaves a run abandoned by a
+    SIGKILLed worker alone for many recovery intervals; a worker started without it then recovers the run."""
+    interval = ("--fence-recover-interval", "0.5")
+    result = _abandoned_by_a_killed_worker(cluster, "opted-out", interval)
+    b = cluster.worker("b", extra=(*interval, "--no-fence-recover"))
+    grace = 2.0  # the cluster's ttl: what the recovery step waits after expiry
+    wait_for(lambda: _abandoned(cluster, result.id, grace), what="the run to be recoverable")
+    # An absence, so a window: six recovery intervals in which worker b could have re-sent the run.
+    watch_until = time.monotonic() + 3.0
+    while time.monotonic() < watch_until:
+        assert "recovered" not in [event for event, _ in cluster.events(result.id)], "b recovered"
+        assert result.state == "PENDING"
+        time.sleep(0.25)
+    assert "elected the recoverer" not in b.log_text()
+    cluster.worker("c", extra=interval)
+    assert result.get(timeout=90)["item"] == "opted-out"
+    assert "recovered" in [event for event, _ in cluster.events(result.id)]
+    assert len(cluster.effects(result.id)) == 1
+
+
+def _abandoned(cluster: Cluster, key: str, grace: float) -> bool:
+    return key in {seen.key for seen in cluster.store.abandoned(grace)}
+
+
+def _abandoned_by_a_killed_worker(cluster: Cluster, item: str, extra: tuple[str, ...]) -> AsyncResult:
+    """A run of ``record`` whose whole worker was SIGKILLed mid-run: nobody released its lease or acked it."""
+    a = cluster.worker("a", extra=extra)
+    result = record.apply_async((item,), {"pause": 60.0})
+    wait_for(lambda: marks(cluster.workdir, result.id, "started"), what="the run started")
+    os.killpg(os.getpgid(a.proc.pid), signal.SIGKILL)
+    a.proc.wait(10)
+    return result
