@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 from sqlalchemy import text
 
 from celery_fence import FencedTask, StoreUnavailable
@@ -30,6 +29,7 @@ from celery_fence.testing import Fault, IndeterminateStore, Outcome
 from celery_fence.verify import verify_store
 
 from .harness import Harness
+from .inprocess import memory_app, running_worker
 
 STORES = ("memory", "sqlite", "postgresql", "redis")
 EFFECTS = "fence_test_effects"
@@ -51,10 +51,8 @@ def _expire_one(store: Any, harness: Harness) -> Any:
 
 @pytest.fixture
 def app(store: Any, harness: Harness) -> Iterator[Celery]:
-    app = Celery("indeterminate", broker="memory://", backend="cache+memory://", set_as_current=False)
-    app.conf.update(fence_store_url=store.url, task_acks_late=True, fence_lease_ttl=3.0,
+    app = memory_app("indeterminate", fence_store_url=store.url, task_acks_late=True, fence_lease_ttl=3.0,
                     fence_renew_interval=0.3)
-    app.conf.broker_transport_options = {"polling_interval": 0.01}
     sql = isinstance(store, SQLStore)
     if sql:
         with store.engine.begin() as conn:
@@ -70,7 +68,7 @@ def app(store: Any, harness: Harness) -> Iterator[Celery]:
 
     runtime = runtime_for(app)
     runtime._store = IndeterminateStore(store, expire=_expire_one(store, harness))
-    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+    with running_worker(app):
         yield app
     runtime._store = None  # the harness closes the store itself
     runtime.close()

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 
 from celery_fence import FencedTask, LeaseHeld
 from celery_fence.runtime import runtime_for
 from celery_fence.signals import lease_duplicate
 
 from .harness import Harness
+from .inprocess import memory_app, running_worker
 
 STORES = ("memory", "sqlite", "postgresql", "redis")
 
@@ -58,9 +58,7 @@ def gates() -> Gates:
 
 @pytest.fixture
 def app(store: Any, gates: Gates) -> Iterator[Celery]:
-    app = Celery("endings", broker="memory://", backend="cache+memory://", set_as_current=False)
-    app.conf.update(fence_store_url=store.url, fence_lease_ttl=30.0)  # no renew within a test
-    app.conf.broker_transport_options = {"polling_interval": 0.01}
+    app = memory_app("endings", fence_store_url=store.url, fence_lease_ttl=30.0)  # no renew within a test
 
     @app.task(base=FencedTask, bind=True, fence_key="k:{n}", name="endings.keyed", shared=False)
     def keyed(self: Any, n: int, tag: str, wait: bool = False) -> str:
@@ -70,7 +68,7 @@ def app(store: Any, gates: Gates) -> Iterator[Celery]:
 
     runtime = runtime_for(app)
     runtime._store = store
-    with start_worker(app, pool="threads", concurrency=3, perform_ping_check=False, shutdown_timeout=10):
+    with running_worker(app, pool="threads", concurrency=3):
         yield app
     for tag in list(gates.entered):
         gates.open(tag)

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 from celery.signals import before_task_publish, task_failure, task_postrun, task_success
 
 from celery_fence import FencedTask, LeaseHeld, StoreUnavailable
@@ -20,6 +19,7 @@ from celery_fence.runtime import runtime_for
 from celery_fence.signals import lease_duplicate, lease_lost
 
 from .harness import HARNESSES, Harness
+from .inprocess import memory_app, running_worker
 from .test_run_endings import Gates, until
 
 TTL = 30.0
@@ -67,9 +67,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def app(store: Any, gates: Gates, clock: Clock) -> Iterator[Celery]:
-    app = Celery("hooks", broker="memory://", backend="cache+memory://", set_as_current=False)
-    app.conf.update(fence_store_url=store.url, fence_lease_ttl=TTL, fence_recover=False)
-    app.conf.broker_transport_options = {"polling_interval": 0.01}
+    app = memory_app("hooks", fence_store_url=store.url, fence_lease_ttl=TTL, fence_recover=False)
 
     @app.task(base=FencedTask, bind=True, fence_key="k:{n}", name="hooks.keyed", shared=False)
     def keyed(self: Any, n: int, tag: str, wait: bool = False) -> str:
@@ -82,7 +80,7 @@ def app(store: Any, gates: Gates, clock: Clock) -> Iterator[Celery]:
     runtime = runtime_for(app)
     runtime._store = Unreachable(store)
     runtime._renewer = Renewer(runtime._store, runtime.config.policy.interval, clock=clock)
-    with start_worker(app, pool="threads", concurrency=3, perform_ping_check=False, shutdown_timeout=10):
+    with running_worker(app, pool="threads", concurrency=3):
         yield app
     for tag in list(gates.entered):
         gates.open(tag.split(":")[0])
