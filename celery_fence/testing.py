@@ -44,8 +44,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from ._faults import Proxy, Worker, wait_for
+from ._faults import Worker, wait_for
 from ._indeterminate import Fault, IndeterminateStore, Outcome
+from ._proxy import Proxy
 from .stores.base import Store
 from .stores.urls import mask_url
 from .verify import verify_store

@@ -19,7 +19,7 @@ from tests.contract.harness import HARNESSES, pg_schema_store
 from tests.contract.restartable import restartable_store
 
 from .fenced_app import accounts, ledger
-from .workers import Worker
+from .workers import Worker, start_worker
 
 STORES = ("postgresql", "redis", "etcd")
 # Redis databases of the broker and the result backend. The soak moves them (kombu's visibility-timeout
@@ -50,7 +50,7 @@ class Cluster:
     def worker(
         self, name: str, queues: str | None = None, env: dict[str, str] | None = None, **options: Any
     ) -> Worker:
-        worker = Worker(
+        worker = start_worker(
             name, {**self.env, **(env or {})}, self.workdir, queues=queues or self.queue, **options
         )
         self.workers.append(worker)
@@ -140,6 +140,8 @@ def cluster(
         try:
             yield world
         finally:
+            for worker in world.workers:  # all at once: each warm shutdown takes seconds
+                worker.terminate()
             for worker in world.workers:
                 worker.stop()
             if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
