@@ -31,7 +31,9 @@ __all__ = ["CALLS", "ENV", "Fault", "IndeterminateStore", "Outcome", "faults_fro
 
 ENV = "CELERY_FENCE_STORE_FAULTS"
 LOG_ENV = "CELERY_FENCE_STORE_FAULTS_LOG"
-CALLS = ("acquire", "renew", "complete", "release", "save_step", "steps", "refuse", "get", "begin_run")
+CALLS = (
+    "acquire", "renew", "complete", "release", "save_step", "steps", "refuse", "get", "begin_run", "strand"
+)
 
 
 class Outcome(str, enum.Enum):

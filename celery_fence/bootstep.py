@@ -11,14 +11,14 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import click
-from celery import bootsteps
+from celery import bootsteps, current_app
 
 from .config import metrics_addr, metrics_port
 from .election import Election
 from .errors import StoreUnavailable
 from .metrics import FenceMetrics, prepare_multiprocess, serve_metrics
 from .recovery import load_tasks, recover_abandoned
-from .runtime import runtime_for
+from .runtime import runtime_for, settle_at_exit
 from .stores import Store, open_store
 from .stores.waits import ADMIN_LOCK_WAIT, lock_wait
 
@@ -29,6 +29,7 @@ __all__ = [
     "FenceMetricsServer",
     "FenceRecovery",
     "add_worker_steps",
+    "settle_owed_records",
 ]
 
 log = logging.getLogger(__name__)
@@ -163,3 +164,10 @@ def add_worker_steps(sender: Any = None, instance: Any = None, **_: Any) -> None
     app = getattr(instance, "app", None)
     if app is not None:
         app.steps["worker"].update((FenceRecovery, FenceMetricsServer))
+
+
+def settle_owed_records(sender: Any = None, **_: Any) -> None:
+    """``worker_shutdown`` (the worker's own process: solo and threads pools run tasks there) and
+    ``worker_process_shutdown`` (a prefork pool process, whose app is the current one) receiver: write the
+    records the process owes its store, or log them (:mod:`celery_fence.owed`)."""
+    settle_at_exit(getattr(sender, "app", None) or current_app)

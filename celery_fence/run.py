@@ -55,7 +55,7 @@ class RunHost(Protocol):
         self, countdown: float, handing_back: Lease | None = None, cause: BaseException | None = None
     ) -> NoReturn: ...
     def busy(self, held: LeaseHeld, config: FenceConfig) -> Any: ...
-    def wait_out(self, exc: StoreUnavailable, config: FenceConfig, key: str) -> NoReturn: ...
+    def wait_out(self, exc: StoreUnavailable, config: FenceConfig, key: str, run_info: Any) -> NoReturn: ...
     def superseded(self, fence: Fence, state: LeaseState | None) -> NoReturn: ...
 
 
@@ -141,7 +141,7 @@ class Run:
             self.host.requeue(self.config.policy.busy_countdown(problem.expires_in))
         if action is Action.WAIT_OUT:
             assert isinstance(problem, StoreUnavailable)
-            self.host.wait_out(problem, self.config, self.key)
+            self.host.wait_out(problem, self.config, self.key, self.run_info)
         assert action is Action.BUSY and isinstance(problem, LeaseHeld), action
         if state is not None and state.owner:  # name the holder, its task id too
             problem = LeaseHeld(self.key, _holder(state), problem.expires_in)
@@ -155,6 +155,7 @@ class Run:
         runtime.renewer.track(lease, self.config.policy, sent_at, *self.host.started(fence))
         try:
             try:
+                runtime.owed.flush(self.store)  # the store answers again: what this process owes it
                 result = self._body(fence, args, kwargs)
             except (LeaseLost, StaleToken) as exc:
                 return self._refused(fence, exc)

@@ -1,4 +1,5 @@
-"""Per-process state of celery-fence for one Celery app: its settings, its store client, its renewer.
+"""Per-process state of celery-fence for one Celery app: its settings, its store client, its renewer, the
+records it owes its store (:mod:`celery_fence.owed`).
 
 Tied to the app, created lazily in the process that runs tasks (a prefork child after fork, never the
 parent), and re-created when the process id changes, so no client is ever shared across a fork.
@@ -14,10 +15,11 @@ from ._indeterminate import IndeterminateStore, faults_from_env
 from .config import FenceConfig
 from .interrupt import Interrupter
 from .lease import OwnerNames
+from .owed import OwedRecords
 from .renewer import Renewer
 from .stores import Store, open_store
 
-__all__ = ["FenceRuntime", "runtime_for"]
+__all__ = ["FenceRuntime", "runtime_for", "settle_at_exit"]
 
 _ATTR = "_celery_fence_runtime"
 _CREATE = threading.Lock()  # serialises first creation on the threads pool; holds no state
@@ -35,6 +37,7 @@ class FenceRuntime:
         self._renewer: Renewer | None = None
         self._lock = threading.Lock()
         self.interrupter = Interrupter()
+        self.owed = OwedRecords()  # records of runs that gave up while the store was unavailable
 
     @property
     def store(self) -> Store:
@@ -53,9 +56,14 @@ class FenceRuntime:
                     self._renewer = Renewer(store, self.config.policy.interval)
         return self._renewer
 
+    def settle(self) -> None:
+        """Write what this process owes its store, or log it (ERROR): it is closing or ending."""
+        self.owed.close(self._store)
+
     def close(self) -> None:
         if self._renewer is not None:
             self._renewer.stop()
+        self.settle()  # before the store closes: the last chance to write them
         if self._store is not None:
             self._store.close()
 
@@ -80,3 +88,11 @@ def runtime_for(app: Any) -> FenceRuntime:
             runtime = FenceRuntime(app)
             setattr(app, _ATTR, runtime)
         return runtime
+
+
+def settle_at_exit(app: Any) -> None:
+    """A worker process ends: settle what its runtime for ``app`` owes (none made: nothing owed). The
+    runtime stays open: its owner closes it, if anyone does."""
+    runtime: FenceRuntime | None = app.__dict__.get(_ATTR)
+    if runtime is not None and runtime.pid == os.getpid():
+        runtime.settle()

@@ -22,16 +22,17 @@ from typing import Any, ClassVar, NoReturn
 from celery import Task, states
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore
-from celery.signals import celeryd_after_setup, celeryd_init
+from celery.signals import celeryd_after_setup, celeryd_init, worker_process_shutdown, worker_shutdown
 
 from . import codec
-from .bootstep import add_worker_steps
+from .bootstep import add_worker_steps, settle_owed_records
 from .config import FenceConfig
 from .errors import FenceError, LeaseHeld, StoreUnavailable
 from .events import send_fence_event
 from .fence import Fence
 from .keys import derive_key
 from .lease import Lease, LeaseState
+from .owed import Stranded
 from .renewer import OnLost, OnRenewed
 from .run import Run, quietly
 from .runinfo import run_info
@@ -82,9 +83,12 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
-        """Check the app's settings when a worker starts (once per process, whatever the number of tasks)."""
+        """Hook the worker's start (its steps, the settings check) and the end of its processes (records they
+        owe the store), once per process whatever the number of tasks."""
         celeryd_init.connect(add_worker_steps, weak=False, dispatch_uid="celery_fence.worker_steps")
         celeryd_after_setup.connect(check_worker_at_start, weak=False, dispatch_uid="celery_fence.startup")
+        for ending in (worker_process_shutdown, worker_shutdown):  # a pool process, the worker: owed records
+            ending.connect(settle_owed_records, weak=False, dispatch_uid=f"celery_fence.owed.{ending.name}")
 
     @property
     def fence(self) -> Fence:
@@ -216,10 +220,13 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             raise held
         return self.retry(exc=held, countdown=countdown)
 
-    def wait_out(self, exc: StoreUnavailable, config: FenceConfig, key: str) -> NoReturn:
+    def wait_out(
+        self, exc: StoreUnavailable, config: FenceConfig, key: str, run_info: codec.Encoded
+    ) -> NoReturn:
         """The store did not answer the acquire: nothing ran and no lease is held. Send this message again
         later (backoff), without spending ``max_retries``, until ``fence_store_wait`` seconds have passed
-        since the first failure (carried in the message); then give up where an operator looks."""
+        since the first failure (carried in the message); then give up where an operator looks: the log,
+        the ``store_wait_exhausted`` signal, and the key marked dead in the store (``_strand``)."""
         request = self.request
         since = _seconds_or_none(getattr(request, WAITING_SINCE_HEADER, None)) or time.time()
         waits = _token_or_none(getattr(request, WAITS_HEADER, None)) or 0
@@ -231,6 +238,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
                 self.name, request.id, key, waited, config.store_wait, exc,
             )
             store_wait_exhausted.send(sender=self, key=key, task_id=request.id, waited=waited)
+            self._strand(key, run_info, f"{waited:.0f}s, fence_store_wait {config.store_wait:g}s")
             raise exc
         countdown = min(config.policy.interval * 2**waits, 60.0, config.store_wait - waited)
         log.warning(
@@ -243,6 +251,17 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         signature.options["headers"] = headers
         signature.apply_async()
         raise Ignore()
+
+    def _strand(self, key: str, run_info: codec.Encoded, detail: str) -> None:
+        """The record ``celery fence leases`` shows for a run that gave up waiting out the store. The store
+        is probably still down: the process's runtime keeps it owed until it can be written. Eager runs
+        (``apply()``) raise to their caller instead."""
+        request = self.request
+        if request.is_eager:
+            return
+        reason = f"{self.name}[{request.id}] gave up waiting out the unavailable store ({detail})"
+        runtime = runtime_for(self.app)
+        runtime.owed.write(runtime.store, Stranded(request.id, key, run_info, reason))
 
     def superseded(self, fence: Fence, state: LeaseState | None) -> NoReturn:
         """A run of another task id took the key over and has not finished it: this task id ends FAILURE

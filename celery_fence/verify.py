@@ -20,7 +20,9 @@
                           attempts' ``transaction()`` writes both stayed (they commit with the completion, so
                           only the completing attempt's may)
 
-Renews are not logged, so "no renew after a takeover" is not checked here. ``prune`` replaces a finished
+Renews are not logged, so "no renew after a takeover" is not checked here. ``refused``, ``renew-failed``,
+``recovered``, ``dead`` and ``gave-up`` (a run that gave up before it acquired: token 0 on a new key) neither
+issue a token nor record an accepted write, so no rule judges them. ``prune`` replaces a finished
 key's history with one ``pruned`` marker (its last token); a later acquire of the key is reported and starts
 a new life of it (a new result and new steps are then expected; its tokens must still be above the marker's).
 A later prune drops old markers, so a key acquired long after its prune is no longer recognised as reopened.

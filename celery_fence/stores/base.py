@@ -28,6 +28,7 @@ EVENTS = (
     "admin-release",  # an operator bumped the token: every holder is fenced out
     "recovered",  # an abandoned run was re-sent (detail: attempt number)
     "dead",  # recovery gave up on the key (detail: the reason)
+    "gave-up",  # a run gave up before it acquired (the store was down): key marked dead (detail: the reason)
     "pruned",  # the finished key was pruned: this marker replaces its history (token: its last; no owner)
 )
 
@@ -117,6 +118,18 @@ class Store(Protocol):
         marked dead instead (``max_recoveries`` started copies were lost, or at once with
         ``max_recoveries=0``; ``reason`` is kept); ``None`` when there is nothing to do (someone took over,
         finished, or recovered it first).
+        """
+
+    def strand(self, key: str, run: Mapping[str, Any] | None, reason: str) -> bool:
+        """Record that a run of ``key`` gave up before it acquired (it waited out an unavailable store), so
+        ``celery fence leases`` shows the key; atomically, iff the key is free: unknown, or not done and not
+        leased (released, or stranded before).
+
+        Marks the key dead with ``reason``, keeps ``run`` (as ``acquire`` keeps it) and the key's token (0
+        for a new key: no token is issued), frees it of any owner and appends a ``gave-up`` event (that
+        token, no owner, ``reason``). Returns ``False``, changing nothing, for a finished key or one under a
+        lease, live or expired (an expired one is recovery's). The next acquire clears ``dead``, as it does
+        after recovery gave up.
         """
 
     def close(self) -> None:

@@ -160,6 +160,11 @@ class EtcdStore:
     def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
         return records.recover(self, seen, max_recoveries, reason)
 
+    def strand(self, key: str, run: Mapping[str, Any] | None, reason: str) -> bool:
+        args = validate_key(key), check_text(reason, "a give-up reason")
+        run_text = codec.dumps_mapping(run, self.max_value_bytes // 2)  # as acquire keeps it
+        return self._retry(f"strand({key!r})", lambda: records.strand(self, *args, run_text))
+
     def close(self) -> None:
         """Close the HTTP session; the etcd leases run out by their ttl. Idempotent."""
         self.gw.close()
@@ -279,9 +284,9 @@ class EtcdStore:
     def _free(self, key: str) -> list[Op]:
         return [etcd.delete(self._k("lock", key)), etcd.delete(self._k("held", key))]
 
-    def _event(self, lease: Lease, event: str, detail: str | None = None) -> Op:
-        """A history put. Token 0: the revision of its own ``Txn`` (acquire, takeover); owner "": none."""
-        token, owner = lease.token or None, lease.owner or None
+    def _event(self, lease: Lease, event: str, detail: str | None = None, literal: bool = False) -> Op:
+        """A history put. Token 0: its Txn's revision (acquire, takeover) unless literal; owner "": none."""
+        token, owner = lease.token if literal else lease.token or None, lease.owner or None
         value = dict(key=lease.key, event=event, token=token, owner=owner, detail=detail, at=time.time())
         return etcd.put(f"{self._k('history', lease.key)}/{uuid.uuid4().hex}", json.dumps(value))
 

@@ -25,8 +25,10 @@ def force_release(store: EtcdStore, key: str) -> int | None:
     state, epochs = store._read([etcd.get(store._k("state", key))]).first(1), store._epochs
     if state is None:
         raise InvalidArgument(f"no lease for key {key!r}")
-    info = json.dumps({**json.loads(state.value), "owner": None})
-    ops = [etcd.put(state.key, info), *store._free(key), store._event(Lease(key, 0, ""), "admin-release")]
+    info = {**json.loads(state.value), "owner": None}
+    info.pop("token", None)  # a strand's pinned token: the new token is this Txn's revision
+    event = store._event(Lease(key, 0, ""), "admin-release")
+    ops = [etcd.put(state.key, json.dumps(info)), *store._free(key), event]
     result = store.gw.txn([etcd.modified(state.key, state.mod), store._offset_is(epochs)], ops)
     return epochs.token(result.revision) if result.succeeded else None
 

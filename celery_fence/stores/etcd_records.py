@@ -3,8 +3,9 @@
 
 Per lease key (percent-encoded, so without ``/``) under the prefix: ``lock/<key>`` on the process's etcd
 lease, there iff the lease is live, its ``create_revision`` the token (the acquiring ``Txn``'s revision);
-``state/<key>`` (owner, run), put only by acquire and force_release, so its ``mod_revision`` is the latest
-token; ``held/<key>`` from acquire to release, complete or force_release (held but no lock: expired, the next
+``state/<key>`` (owner, run), put by acquire and force_release, so its ``mod_revision`` is the latest
+token, and by ``strand`` on a free key, pinning the token it had (0 for a new key: no token is issued);
+``held/<key>`` from acquire to release, complete or force_release (held but no lock: expired, the next
 acquire is a takeover; its value is when ``abandoned`` first saw that); ``done/<key>`` (token, result,
 finished_at); ``dead/<key>``, ``recovery/<key>`` (count, at, sent, rev); ``steps/<key>/<name>``;
 ``history/<key>/<uuid>``
@@ -36,7 +37,7 @@ from .validation import check_abandoned, check_age, check_limit
 if TYPE_CHECKING:
     from .etcd import EtcdStore
 
-__all__ = ["abandoned", "current_token", "history", "prune", "recover", "states"]
+__all__ = ["abandoned", "current_token", "history", "prune", "recover", "state_token", "states", "strand"]
 
 KINDS = ("state", "lock", "held", "done", "dead", "recovery")  # per-key records, in read order
 
@@ -46,7 +47,15 @@ def current_token(epochs: etcd.Epochs, lock: KV | None, state: KV | None) -> int
     that bumped it). A lease that only expired leaves the state at its own token: etcd deleted the lock."""
     if lock is not None:
         return epochs.token(lock.create)
-    return None if state is None else epochs.token(state.mod)
+    return None if state is None else state_token(epochs, state, json.loads(state.value))
+
+
+def state_token(epochs: etcd.Epochs, state: KV, info: Mapping[str, Any]) -> int:
+    """The token of a key by its state record (``info``, its value): the revision of its last put, unless
+    a strand pinned one. A pin lives only until the next acquire or force_release: never on a leased,
+    abandoned or finished key."""
+    pinned = info.get("token")
+    return epochs.token(state.mod) if pinned is None else int(pinned)
 
 
 def states(store: EtcdStore, ranges: list[Op]) -> list[LeaseState]:
@@ -63,7 +72,7 @@ def _state(store: EtcdStore, key: str, found: Mapping[str, KV], ttls: Mapping[in
     if lock is not None:
         expires_in = max(0.0, float(ttls.get(lock.lease, 0)))
     result = None if done is None else codec.loads(json.loads(done.value)["result"])
-    token = store._epochs.token(found["state"].mod)
+    token = state_token(store._epochs, found["state"], info)
     dead = found["dead"].value if "dead" in found else None
     rec = _recovery(found)
     counts = rec["count"], rec["sent"]
@@ -141,18 +150,40 @@ def recover(store: EtcdStore, seen: Abandoned, max_recoveries: int, reason: str)
     r = store._records([etcd.get(name) for name in k.values()]).get(seen.key, {})
     if not _idle(r) or _abandoned(store, seen.key, r) != seen:
         return None  # taken over, finished, dead, or recovered first
-    unchanged = [etcd.modified(k[kind], r[kind].mod if kind in r else 0) for kind in KINDS]
     count, sent, dead = seen.recoveries, seen.sent, seen.recoveries >= max_recoveries
     lease = Lease(seen.key, seen.token, json.loads(r["state"].value)["owner"] or "")
     if dead:
-        reason = reason or f"gave up after {count} recoveries"
-        ops = [etcd.put(k["dead"], reason), store._event(lease, "dead", reason)]
+        ops = _mark_dead(store, k, lease, "dead", reason or f"gave up after {count} recoveries")
     else:
         sent += 1
         ops = [store._event(lease, "recovered", str(count + 1))]
     record = {"count": count, "at": time.time(), "sent": sent, "rev": r["state"].mod}
     ops.append(etcd.put(k["recovery"], json.dumps(record)))
-    return (0 if dead else count + 1) if store.gw.txn(unchanged, ops).succeeded else None
+    return (0 if dead else count + 1) if store.gw.txn(_unchanged(k, r), ops).succeeded else None
+
+
+def strand(store: EtcdStore, key: str, reason: str, run_text: str | None) -> bool | None:
+    """Mark a free key dead (``Store.strand``) in one ``Txn`` comparing every per-key record and the token
+    offset with what was read; ``None``: something changed meanwhile, judge the key again."""
+    k = {kind: store._k(kind, key) for kind in KINDS}
+    r = store._records([etcd.get(name) for name in k.values()]).get(key, {})
+    if {"lock", "held", "done"} & r.keys():
+        return False  # leased (an expired lease is recovery's) or finished
+    epochs = store._epochs  # as refreshed by that read
+    token = state_token(epochs, r["state"], json.loads(r["state"].value)) if "state" in r else 0
+    state = etcd.put(k["state"], json.dumps({"owner": None, "run": run_text, "token": token}))
+    ops = [state, *_mark_dead(store, k, Lease(key, token, ""), "gave-up", reason)]
+    return store.gw.txn([*_unchanged(k, r), store._offset_is(epochs)], ops).succeeded or None
+
+
+def _mark_dead(store: EtcdStore, k: Mapping[str, str], lease: Lease, event: str, reason: str) -> list[Op]:
+    """The puts that mark a key dead, logged as ``event`` with the lease's token as it is (0 too)."""
+    return [etcd.put(k["dead"], reason), store._event(lease, event, reason, literal=True)]
+
+
+def _unchanged(k: Mapping[str, str], r: Mapping[str, KV]) -> list[Op]:
+    """Compares: every per-key record as ``r`` read it (absent ones still absent)."""
+    return [etcd.modified(k[kind], r[kind].mod if kind in r else 0) for kind in KINDS]
 
 
 def _abandoned(store: EtcdStore, key: str, r: Mapping[str, KV]) -> Abandoned:

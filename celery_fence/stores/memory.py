@@ -10,7 +10,6 @@ import copy
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .. import codec
@@ -21,10 +20,10 @@ from ..lease import (
     HistoryEvent,
     Lease,
     LeaseState,
-    recovery_backoff,
     validate_key,
     validate_ttl,
 )
+from .memory_rows import Row, is_abandoned, lease_state
 from .validation import (
     check_abandoned,
     check_age,
@@ -42,21 +41,6 @@ from .validation import (
 __all__ = ["MemoryStore"]
 
 
-@dataclass
-class _Row:
-    token: int
-    owner: str | None
-    expires_at: float | None  # None: free (released, done or never held)
-    done: bool = False
-    result: str | None = None
-    run: str | None = None
-    finished_at: float | None = None
-    dead: str | None = None
-    recoveries: int = 0  # recovery copies that started (and, once abandoned again, were lost)
-    sent: int = 0  # recovery copies sent that have not started: a queued copy is not a failed one
-    recovered_at: float | None = None
-
-
 class MemoryStore:
     """Reference implementation of :class:`celery_fence.stores.base.Store`."""
 
@@ -66,7 +50,7 @@ class MemoryStore:
         self.url = url
         self.clock = clock
         self._lock = threading.Lock()
-        self._rows: dict[str, _Row] = {}
+        self._rows: dict[str, Row] = {}
         self._steps: dict[str, dict[str, str]] = {}
         self._history: list[HistoryEvent] = []
         self._counter = 0
@@ -91,7 +75,7 @@ class MemoryStore:
             self._next_token()
             # This acquire starts the key's pending recovery copy, if any: from now on it counts.
             recoveries = 0 if row is None else row.recoveries + (1 if row.sent else 0)
-            self._rows[key] = _Row(self._counter, owner, now + ttl, run=run_text, recoveries=recoveries)
+            self._rows[key] = Row(self._counter, owner, now + ttl, run=run_text, recoveries=recoveries)
             self._log(key, "acquire" if expired_at is None else "takeover", self._counter, owner, now)
             gap = None if expired_at is None else now - expired_at
             return Lease(key, self._counter, owner, taken_over=expired_at is not None, expired_for=gap)
@@ -156,7 +140,7 @@ class MemoryStore:
         validate_key(key)
         with self._lock:
             row = self._rows.get(key)
-            return None if row is None else self._state(key, row, self.clock())
+            return None if row is None else lease_state(key, row, self.clock())
 
     def history(self, key: str | None = None) -> list[HistoryEvent]:
         if key is not None:
@@ -167,7 +151,7 @@ class MemoryStore:
     def leases(self) -> list[LeaseState]:
         with self._lock:
             now = self.clock()
-            return [self._state(key, row, now) for key, row in sorted(self._rows.items())]
+            return [lease_state(key, row, now) for key, row in sorted(self._rows.items())]
 
     def force_release(self, key: str) -> int:
         validate_key(key)
@@ -209,7 +193,7 @@ class MemoryStore:
         grace, limit = check_age(grace), check_limit(limit)
         with self._lock:
             now = self.clock()
-            rows = [(k, r) for k, r in self._rows.items() if self._is_abandoned(r, now, grace)]
+            rows = [(k, r) for k, r in self._rows.items() if is_abandoned(r, now, grace)]
             rows.sort(key=lambda item: item[1].expires_at or 0)
             return [Abandoned(k, r.token, codec.loads(r.run), r.recoveries, r.sent) for k, r in rows[:limit]]
 
@@ -220,26 +204,31 @@ class MemoryStore:
             now, row = self.clock(), self._rows.get(key)
             seen_now = None if row is None else (row.token, row.recoveries, row.sent)
             unchanged = seen_now == (token, seen.recoveries, seen.sent)
-            if row is None or not unchanged or not self._is_abandoned(row, now, 0.0):
+            if row is None or not unchanged or not is_abandoned(row, now, 0.0):
                 return None
             row.recovered_at = now
             if row.recoveries >= max_recoveries:
-                row.dead = reason or f"gave up after {row.recoveries} recoveries"
-                self._log(key, "dead", token, row.owner, now, row.dead)
+                self._mark_dead(key, row, "dead", reason or f"gave up after {row.recoveries} recoveries", now)
                 return 0
             row.sent += 1
             self._log(key, "recovered", token, row.owner, now, str(row.recoveries + 1))
             return row.recoveries + 1
 
+    def strand(self, key: str, run: Mapping[str, Any] | None, reason: str) -> bool:
+        validate_key(key)
+        check_text(reason, "a give-up reason")
+        run_text = codec.dumps_mapping(run, self.max_value_bytes)
+        with self._lock:
+            row = self._rows.get(key)
+            if row is not None and (row.done or row.expires_at is not None):
+                return False  # finished, or leased (an expired lease is recovery's)
+            row = self._rows[key] = row or Row(0, None, None)  # a new key: no token issued
+            row.owner, row.run = None, run_text
+            self._mark_dead(key, row, "gave-up", reason, self.clock())
+            return True
+
     def close(self) -> None:
         """Nothing to close; state stays readable."""
-
-    @staticmethod
-    def _is_abandoned(row: _Row, now: float, grace: float) -> bool:
-        expired = row.expires_at is not None and row.expires_at <= now - grace
-        wait = grace * recovery_backoff(row.sent)
-        quiet = row.recovered_at is None or row.recovered_at <= now - wait
-        return expired and quiet and not row.done and row.dead is None
 
     # -- internals (callers hold the lock) --
 
@@ -249,7 +238,7 @@ class MemoryStore:
         self._counter += 1
         return self._counter
 
-    def _current(self, lease: Lease) -> _Row | None:
+    def _current(self, lease: Lease) -> Row | None:
         row = self._rows.get(lease.key)
         live = row is not None and row.token == lease.token and not row.done
         return row if live and row is not None and row.expires_at is not None else None
@@ -258,13 +247,17 @@ class MemoryStore:
         row = self._rows.get(lease.key)
         return row is not None and row.done and row.token == lease.token
 
-    def _require_current(self, lease: Lease, what: str) -> _Row:
+    def _require_current(self, lease: Lease, what: str) -> Row:
         row = self._current(lease)
         if row is None:
             current = self._rows[lease.key].token if lease.key in self._rows else None
             self._log(lease.key, "refused", lease.token, lease.owner, self.clock(), what)
             raise StaleToken(lease.key, lease.token, current, what, recorded=True)
         return row
+
+    def _mark_dead(self, key: str, row: Row, event: str, reason: str, now: float) -> None:
+        row.dead = reason
+        self._log(key, event, row.token, row.owner, now, reason)
 
     def _log(
         self,
@@ -276,13 +269,3 @@ class MemoryStore:
         detail: str | None = None,
     ) -> None:
         self._history.append(HistoryEvent(at, event, token, owner, detail, key=key))
-
-    @staticmethod
-    def _state(key: str, row: _Row, now: float) -> LeaseState:
-        expires_in = None if row.expires_at is None else row.expires_at - now
-        result = codec.loads(row.result)
-        run = codec.loads(row.run) if row.run else None
-        counts = row.recoveries, row.sent
-        return LeaseState(
-            key, row.token, row.owner, expires_in, row.done, result, row.dead, *counts, run=run
-        )

@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -35,7 +35,7 @@ from .. import codec, errors
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from .liveness import idle_socket_is_readable
 from .redis_boundary import split_url, translated
-from .redis_rows import history_events, lease_state
+from .redis_rows import chunks, history_events, lease_state, raise_stale, to_ms, who
 from .validation import (
     check_abandoned,
     check_age,
@@ -51,11 +51,9 @@ from .validation import (
 
 __all__ = ["RedisStore"]
 
-T = TypeVar("T")
 RENEW_BATCH = 10_000  # leases per renew call (one round trip each)
 READ_BATCH = 1_000  # keys per state or prune call
 _PRUNED = {True: ("history",), False: ("lease", "steps", "history")}  # prune's keys: a marked, a finished key
-MAX_INT = 2**52  # ttls and ages (ms) stay well inside Lua's exact integers
 # No PING before commands, no CLIENT SETINFO on connect (round trips), no retries (a script could run twice)
 _OPTIONS = dict(decode_responses=True, health_check_interval=0, driver_info=None, retry=Retry(NoBackoff(), 0))
 
@@ -97,7 +95,7 @@ class RedisStore:
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
         check_owner(owner)
-        ttl_ms = _ms(validate_ttl(ttl), "ttl")
+        ttl_ms = to_ms(validate_ttl(ttl), "ttl")
         # no run: "" (a script argument cannot be nil)
         run_text = codec.dumps_mapping(run, self.max_value_bytes) or ""
         keys = [*self._keys(key, "lease", "history"), self._index]
@@ -113,11 +111,11 @@ class RedisStore:
 
     def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
         leases = check_leases(leases)
-        ttl_ms = _ms(validate_ttl(ttl), "ttl")
+        ttl_ms = to_ms(validate_ttl(ttl), "ttl")
         lost: list[Lease] = []
-        for batch in _chunks(leases, RENEW_BATCH):
+        for batch in chunks(leases, RENEW_BATCH):
             names = [self._k(kind, x.key) for x in batch for kind in ("lease", "history")]
-            args = [ttl_ms, *(arg for lease in batch for arg in _who(lease))]
+            args = [ttl_ms, *(arg for lease in batch for arg in who(lease))]
             keys = [self._events, self._counter, self._high, self._live, *names]
             lost += [batch[i - 1] for i in self._script("renew", keys, args)]
         return lost
@@ -126,21 +124,21 @@ class RedisStore:
         check_lease(lease)
         text = codec.dumps(result, self.max_value_bytes)
         keys = [*self._keys(lease.key, "lease", "history"), self._done]
-        _raise_stale(lease, self._script("complete", keys, [*_who(lease), text]), "complete")
+        raise_stale(lease, self._script("complete", keys, [*who(lease), text]), "complete")
 
     def release(self, lease: Lease) -> None:
         check_lease(lease)
-        self._script("release", self._keys(lease.key, "lease", "history"), _who(lease))
+        self._script("release", self._keys(lease.key, "lease", "history"), who(lease))
 
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
         check_lease(lease)
         check_step_name(name)
         text = codec.dumps(value, self.max_value_bytes)
         keys = self._keys(lease.key, "lease", "steps", "history")
-        reply = self._script("save_step", keys, [*_who(lease), name, text])
+        reply = self._script("save_step", keys, [*who(lease), name, text])
         if reply[0] == "dup":
             raise errors.InvalidArgument(f"step {name!r} of key {lease.key!r} is already committed")
-        _raise_stale(lease, reply, f"step {name}")
+        raise_stale(lease, reply, f"step {name}")
 
     def steps(self, key: str) -> dict[str, Any]:
         name = self._k("steps", validate_key(key))
@@ -152,7 +150,7 @@ class RedisStore:
     def refuse(self, lease: Lease, what: str) -> None:
         check_lease(lease)
         check_text(what, "what was refused")
-        self._script("refuse", self._keys(lease.key, "history"), [*_who(lease), what])
+        self._script("refuse", self._keys(lease.key, "history"), [*who(lease), what])
 
     def get(self, key: str) -> LeaseState | None:
         return next(iter(self._states([validate_key(key)])), None)
@@ -180,7 +178,7 @@ class RedisStore:
     def prune(self, older_than: float) -> int:
         """Markers of earlier prunes past the cutoff first (they lead the batches), then finished keys, each
         leaving its marker: one script call per READ_BATCH keys, so no marker of this prune is dropped."""
-        age = _ms(check_age(older_than), "age")
+        age = to_ms(check_age(older_than), "age")
         cutoff, due, marked = self._script("due", [self._done, self._pruned], [age])
         dropped, items = 0, [*marked, *due]
         for start in range(0, len(items), READ_BATCH):
@@ -198,10 +196,10 @@ class RedisStore:
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
         limit = check_limit(limit)
-        grace_ms = _ms(check_age(grace), "age")
+        grace_ms = to_ms(check_age(grace), "age")
         cutoff, due = self._script("due", [self._live], [grace_ms])
         found: list[Abandoned] = []
-        for batch in _chunks(due, READ_BATCH):
+        for batch in chunks(due, READ_BATCH):
             keys, args = [self._k("lease", k) for k in batch], [cutoff, grace_ms, *batch]
             rows = self._script("abandoned", keys, args)
             found += [Abandoned(k, int(t), codec.loads(r), int(n), int(s)) for k, t, r, n, s in rows]
@@ -214,6 +212,13 @@ class RedisStore:
         args = [seen.key, seen.token, seen.recoveries, max_recoveries, reason, seen.sent]
         attempt = self._script("recover", keys, args)
         return None if attempt is None else int(attempt)
+
+    def strand(self, key: str, run: Mapping[str, Any] | None, reason: str) -> bool:
+        validate_key(key)
+        check_text(reason, "a give-up reason")
+        run_text = codec.dumps_mapping(run, self.max_value_bytes) or ""  # a script argument cannot be nil
+        keys = [*self._keys(key, "lease", "history"), self._index]
+        return bool(self._script("strand", keys, [key, run_text, reason]))
 
     def close(self) -> None:
         clients, self._client, self._held, self._scripts = (self._held, self._client), None, None, {}
@@ -270,27 +275,8 @@ class RedisStore:
 
     def _states(self, keys: Sequence[str]) -> list[LeaseState]:
         states = []
-        for batch in _chunks(keys, READ_BATCH):
+        for batch in chunks(keys, READ_BATCH):
             now, *rows = self._script("state", [self._k("lease", k) for k in batch], [])
             states += [lease_state(k, int(now), r) for k, r in zip(batch, rows, strict=True) if r is not None]
         return states
 
-
-def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
-    return (items[start : start + size] for start in range(0, len(items), size))
-
-
-def _who(lease: Lease) -> list[Any]:
-    return [lease.key, lease.token, lease.owner]
-
-
-def _raise_stale(lease: Lease, reply: list[Any], what: str) -> None:
-    if reply[0] == "stale":
-        current = None if reply[1] is None else int(reply[1])
-        raise errors.StaleToken(lease.key, lease.token, current, what, recorded=True)
-
-
-def _ms(seconds: float, what: str) -> int:
-    if seconds * 1000 > MAX_INT:
-        raise errors.InvalidArgument(f"{what} of {seconds}s is more than the Redis store can hold")
-    return max(1, round(seconds * 1000)) if what == "ttl" else int(seconds * 1000)

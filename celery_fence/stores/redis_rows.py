@@ -1,15 +1,19 @@
-"""Shapes between the Redis store and its scripts' replies: a lease hash's state, the history lines."""
+"""Shapes between the Redis store and its scripts: the arguments (a lease, milliseconds, batches) and the
+replies (a lease hash's state, the history lines, a refusal)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
-from .. import codec
-from ..lease import HistoryEvent, LeaseState
+from .. import codec, errors
+from ..lease import HistoryEvent, Lease, LeaseState
 
-__all__ = ["history_events", "lease_state"]
+__all__ = ["chunks", "history_events", "lease_state", "raise_stale", "to_ms", "who"]
+
+T = TypeVar("T")
+MAX_INT = 2**52  # ttls and ages (ms) stay well inside Lua's exact integers
 
 
 def lease_state(key: str, now: int, row: list[str | None]) -> LeaseState:
@@ -32,3 +36,23 @@ def history_events(lines: Iterable[str]) -> list[HistoryEvent]:
 
 def _event(e: dict[str, Any]) -> HistoryEvent:
     return HistoryEvent(float(e["at"]), e["event"], int(e["token"]), e["owner"], e["detail"], key=e["key"])
+
+
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    return (items[start : start + size] for start in range(0, len(items), size))
+
+
+def who(lease: Lease) -> list[Any]:
+    return [lease.key, lease.token, lease.owner]
+
+
+def raise_stale(lease: Lease, reply: list[Any], what: str) -> None:
+    if reply[0] == "stale":
+        current = None if reply[1] is None else int(reply[1])
+        raise errors.StaleToken(lease.key, lease.token, current, what, recorded=True)
+
+
+def to_ms(seconds: float, what: str) -> int:
+    if seconds * 1000 > MAX_INT:
+        raise errors.InvalidArgument(f"{what} of {seconds}s is more than the Redis store can hold")
+    return max(1, round(seconds * 1000)) if what == "ttl" else int(seconds * 1000)

@@ -98,6 +98,7 @@ class Queries:
     lock_counter: TextClause | None
     abandoned: TextClause
     recover: TextClause
+    strand: TextClause
 
 
 def queries_for(dialect_name: str) -> Queries:
@@ -186,4 +187,16 @@ def queries_for(dialect_name: str) -> Queries:
             WHERE key = :key AND token = :token AND recoveries = :seen AND recovery_sent = :sent
               AND {_abandoned(d.now, grace="0")}
             RETURNING recoveries, dead"""),
+        # Only a free key (new, or not done and not leased) is marked; a new one gets no token (0).
+        strand=text(f"""
+            {d.probe}
+            INSERT INTO fence_leases
+              (key, token, owner, expires_at, done, run, recoveries, dead, event, detail)
+            SELECT :key, 0, NULL, NULL, false, :run, 0, :reason, 'gave-up', :reason
+            {d.probe_where}
+            ON CONFLICT (key) DO UPDATE SET
+              owner = NULL, run = excluded.run, dead = excluded.dead, event = 'gave-up',
+              detail = excluded.detail
+            WHERE NOT fence_leases.done AND fence_leases.expires_at IS NULL
+            RETURNING token"""),
     )

@@ -1,17 +1,20 @@
-"""The SQL store's recovery operations (:class:`SQLStore` inherits them): which runs were abandoned, and the
-atomic claim of one's re-send. Kept apart so the store module stays one screenful of lease operations."""
+"""The SQL store's recovery operations (:class:`SQLStore` inherits them): which runs were abandoned, the
+atomic claim of one's re-send, and the record of a run that gave up before it acquired. Kept apart so the
+store module stays one screenful of lease operations."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
 from .. import codec
-from ..lease import Abandoned
+from ..lease import Abandoned, validate_key
+from .sql_engine import RowLocked
 from .sql_queries import Queries
-from .validation import check_abandoned, check_age, check_limit
+from .validation import check_abandoned, check_age, check_limit, check_text
 
 __all__ = ["SQLRecovery"]
 
@@ -20,6 +23,7 @@ class SQLRecovery:
     """``abandoned`` and ``recover`` of :class:`celery_fence.stores.sql.SQLStore`."""
 
     q: Queries
+    max_value_bytes: int
 
     if TYPE_CHECKING:
 
@@ -50,3 +54,13 @@ class SQLRecovery:
         if row is None:
             return None
         return 0 if row.dead is not None else int(row.recoveries) + 1
+
+    def strand(self, key: str, run: Mapping[str, Any] | None, reason: str) -> bool:
+        validate_key(key)
+        check_text(reason, "a give-up reason")
+        params = {"key": key, "run": codec.dumps_mapping(run, self.max_value_bytes), "reason": reason}
+        try:
+            with self._one() as conn:
+                return conn.execute(self.q.strand, params).first() is not None
+        except RowLocked:  # a live run's open transaction holds the row: a leased key
+            return False

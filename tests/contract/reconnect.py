@@ -20,6 +20,7 @@ OPERATIONS: dict[str, Callable[[Any, Lease], object]] = {
     "history": lambda store, lease: store.history("k"),
     "leases": lambda store, lease: store.leases(),
     "abandoned": lambda store, lease: store.abandoned(0.0),
+    "strand": lambda store, lease: store.strand("gave-up", None, "the store was down"),
 }
 
 

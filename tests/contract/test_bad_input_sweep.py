@@ -65,6 +65,7 @@ CALLS = {
     "advance": st.tuples(anything),
     "abandoned": st.tuples(age, anything),
     "recover": st.tuples(seen, anything, anything),
+    "strand": st.tuples(anything, st.one_of(st.none(), st.dictionaries(odd_text, value)), anything),
 }
 call = st.sampled_from(sorted(CALLS)).flatmap(lambda name: st.tuples(st.just(name), CALLS[name]))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from celery import Celery
 from sqlalchemy import text
 
 from celery_fence import FencedTask, StoreUnavailable
+from celery_fence.bootstep import settle_owed_records
 from celery_fence.runtime import runtime_for
 from celery_fence.signals import store_wait_exhausted
 from celery_fence.stores.memory import MemoryStore
@@ -175,3 +177,61 @@ def test_a_run_that_cannot_wait_the_store_out_fails_and_says_so(
     assert result.state == "FAILURE"
     assert [(g["key"], g["task_id"]) for g in gave_up] == [("order:1", result.id)]
     assert any("gave up on" in r.getMessage() and result.id in r.getMessage() for r in caplog.records)
+
+
+def _give_up(app: Celery, faults: list[Fault]) -> Any:
+    """Run ``pipeline(1)`` on a store whose acquires all fail, with ``fence_store_wait`` 0: the run gives up
+    at its first failure (no waiting, no re-sent copy) and ends FAILURE."""
+    runtime = runtime_for(app)
+    runtime.config = dataclasses.replace(runtime.config, store_wait=0.0)
+    wrapped: IndeterminateStore = runtime.store  # type: ignore[assignment]
+    wrapped.faults = [Fault(Outcome.BEFORE, method="acquire", rate=1.0), *faults]
+    result = app.tasks["indeterminate.pipeline"].delay(1)
+    with pytest.raises(StoreUnavailable):
+        result.get(timeout=60)
+    assert result.state == "FAILURE"
+    return result
+
+
+def _given_up(store: Any, task_id: str) -> None:
+    """The record ``celery fence leases`` shows: key order:1 dead, naming the run, which is kept."""
+    state = store.get("order:1")
+    assert state is not None and (state.token, state.owner, state.done) == (0, None, False), state
+    assert state.dead is not None and f"indeterminate.pipeline[{task_id}]" in state.dead
+    assert state.run is not None and (state.run["id"], state.run["args"]) == (task_id, [1])
+    assert [(e.event, e.token, e.owner) for e in store.history("order:1")] == [("gave-up", 0, None)]
+    assert "order:1" in [s.key for s in store.leases()]
+
+
+def test_a_run_that_gives_up_waiting_out_the_store_leaves_a_dead_key(app: Celery, store: Any) -> None:
+    """Issue 19: the store answers the record at once (only its acquires failed)."""
+    result = _give_up(app, [])
+    _given_up(store, result.id)
+    assert len(runtime_for(app).owed) == 0
+    _run(app, 1, [])  # a fresh delivery of the key runs normally: its acquire clears dead
+    _check(store, 1, [])
+    assert store.get("order:1").dead is None
+
+
+def test_a_record_the_store_did_not_take_is_written_after_the_next_acquire(app: Celery, store: Any) -> None:
+    """Issue 19: the store is down for the record too, so the process owes it; the next run that acquires
+    (another key) writes it, right after its acquire."""
+    result = _give_up(app, [Fault(Outcome.BEFORE, method="strand", rate=1.0)])
+    assert store.get("order:1") is None and len(runtime_for(app).owed) == 1
+    calls = _run(app, 2, [])  # the store answers again
+    assert calls[calls.index("acquire") + 1] == "strand"
+    assert len(runtime_for(app).owed) == 0
+    _given_up(store, result.id)
+    _check(store, 2, [])
+
+
+def test_a_record_still_owed_when_the_worker_process_ends_is_logged(
+    app: Celery, store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 19: at the end of the process (the worker's shutdown signal) the store still does not take
+    it: one ERROR line names the task id and the key, and nothing is left owed."""
+    result = _give_up(app, [Fault(Outcome.BEFORE, method="strand", rate=1.0)])
+    settle_owed_records(SimpleNamespace(app=app))
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("record not written" in m and result.id in m and "order:1" in m for m in errors), errors
+    assert len(runtime_for(app).owed) == 0 and store.get("order:1") is None

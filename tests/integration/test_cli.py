@@ -152,6 +152,23 @@ def test_show_prints_state_steps_and_history_in_order(cli: Cli, scenario: Scenar
     assert 'result   {"charged": 42}' in done
 
 
+def test_a_run_that_gave_up_before_it_acquired_shows_as_a_dead_key(cli: Cli, scenario: Scenario) -> None:
+    """``strand``'s record (a run that waited out the store and gave up): listed by default, shown with
+    its reason and a ``gave-up`` event (token 0: the key never had one), and no violation."""
+    store = cli.store()
+    reason = "cliapp.charge[t-9] gave up waiting out the unavailable store"
+    try:
+        assert store.strand("invoice:9", {"task": "cliapp.charge", "id": "t-9", "args": [9]}, reason)
+    finally:
+        store.close()
+    rows = {row.split()[0]: row.split() for row in lines(cli("leases"))[1:]}
+    assert rows["invoice:9"][1:] == ["0", "-", "dead", "-", "-"]
+    out = lines(cli("show", "invoice:9"))
+    assert out[1:4] == ["state    dead, token 0, owner -", "expires  -", f"dead     {reason}"]
+    assert out[-1].split(maxsplit=4)[1:] == ["gave-up", "0", "-", reason]
+    assert cli("verify").returncode == 0
+
+
 def test_show_of_an_unknown_key_is_an_error(cli: Cli, scenario: Scenario) -> None:
     result = cli("show", "invoice:nope")
     assert result.returncode == 2

@@ -197,3 +197,19 @@ def test_transaction_writes_committed_under_two_tokens_are_a_repeated_write() ->
     retried = _events("acquire", "write", "release", "acquire", "write", "complete")
     assert [v.rule for v in verify(retried)] == ["repeated-write"]
     assert verify(_events("acquire", "write", "release", "acquire", "complete")) == []
+
+
+def test_a_run_that_gave_up_before_it_acquired_is_no_violation(store: MemoryStore) -> None:
+    """A ``gave-up`` event (``strand``) issues no token and accepts no write: token 0 on a new key, the
+    released token after a release; the next acquire starts a normal run."""
+    assert store.strand(KEY, None, "the store was down") is True  # token 0, before any acquire
+    first = store.acquire(KEY, "w1", TTL)
+    store.release(first)
+    assert store.strand(KEY, None, "the store was down again") is True  # the released token
+    store.complete(store.acquire(KEY, "w2", TTL), "ok")
+    events = store.history(KEY)
+    assert [(e.event, e.token) for e in events] == [
+        ("gave-up", 0), ("acquire", first.token), ("release", first.token),
+        ("gave-up", first.token), ("acquire", first.token + 1), ("complete", first.token + 1),
+    ]  # fmt: skip
+    assert verify(events) == [] and verify_store(store) == []

@@ -27,6 +27,14 @@ local function log(hist, events, at, key, event, token, owner, detail)
                                           detail = detail, key = key, n = n}))
 end
 
+-- Mark the key dead with reason, logged as event ('dead': recovery gave up; 'gave-up': a run gave up
+-- before it acquired): no longer a candidate for recovery until it is leased again.
+local function mark_dead(lease, hist, events, live, at, key, event, token, owner, reason)
+  redis.call('HSET', lease, 'dead', reason)
+  redis.call('ZREM', live, key)
+  log(hist, events, at, key, event, token, owner, reason)
+end
+
 -- Is token the key's current token: the same token, leased (not released) and not finished? An
 -- expired lease that nobody took over is still current. Also returns the stored token (or false).
 local function is_current(lease, token)

@@ -16,9 +16,7 @@ end
 redis.call('HSET', KEYS[1], 'recat', int(now))
 if rec >= tonumber(ARGV[4]) then
   local reason = ARGV[5] ~= '' and ARGV[5] or ('gave up after ' .. int(rec) .. ' recoveries')
-  redis.call('HSET', KEYS[1], 'dead', reason)
-  redis.call('ZREM', KEYS[6], ARGV[1]) -- a dead key is not abandoned until it is leased again
-  log(KEYS[2], KEYS[3], at, ARGV[1], 'dead', ARGV[2], h[6], reason)
+  mark_dead(KEYS[1], KEYS[2], KEYS[3], KEYS[6], at, ARGV[1], 'dead', ARGV[2], h[6], reason)
   return 0
 end
 redis.call('HSET', KEYS[1], 'sent', int(sent + 1))

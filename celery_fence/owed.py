@@ -1,0 +1,104 @@
+"""Records a worker process owes its store: the ``strand`` of each run that gave up waiting out an unavailable
+store (``FencedTask.wait_out``). The store is down when a run gives up, so the record usually cannot be
+written then; the process's :class:`~celery_fence.runtime.FenceRuntime` keeps it and writes it once the
+store answers again (after the next acquire that succeeds in the process), or when it closes. A record still
+owed then is logged at ``ERROR``: never dropped silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import FenceError
+from .stores import Store
+
+__all__ = ["MAX_OWED", "OwedRecords", "Stranded"]
+
+log = logging.getLogger(__name__)
+
+MAX_OWED = 1_000  # records kept per process: a long outage must not grow memory without bound
+
+
+@dataclass(frozen=True)
+class Stranded:
+    """The record of one run that gave up before it acquired: ``Store.strand(key, run, reason)``."""
+
+    task_id: str
+    key: str
+    run: Mapping[str, Any] | None
+    reason: str
+
+
+class OwedRecords:
+    """The records this process owes its store, oldest first. Thread-safe (the threads pool)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owed: deque[Stranded] = deque()
+
+    def __len__(self) -> int:
+        return len(self._owed)
+
+    def write(self, store: Store, record: Stranded) -> None:
+        """Write the record now if the store takes it, else keep it owed."""
+        if not _written(store, record):
+            log.warning(
+                "fence: the record of %s (key %r) is owed: the store did not take it; it is written after "
+                "the next acquire in this process",
+                record.task_id, record.key,
+            )
+            self._keep(record)
+
+    def flush(self, store: Store) -> None:
+        """Write what is owed, oldest first, up to the first record the store does not take (it is still
+        unavailable: the rest would only wait for it too). Cheap when nothing is owed."""
+        while self._owed and (record := self._pop()) is not None:
+            if not _written(store, record):
+                self._keep(record, first=True)
+                return
+            log.info("fence: wrote the owed record of %s (key %r)", record.task_id, record.key)
+
+    def close(self, store: Store | None) -> None:
+        """Flush, then log what is still owed (at ERROR): this process will not write it."""
+        if store is not None:
+            self.flush(store)
+        while (record := self._pop()) is not None:
+            _not_written(record, "the store did not take it before this process closed it")
+
+    def _pop(self) -> Stranded | None:
+        with self._lock:
+            return self._owed.popleft() if self._owed else None
+
+    def _keep(self, record: Stranded, first: bool = False) -> None:
+        with self._lock:
+            if first:
+                self._owed.appendleft(record)
+            else:
+                self._owed.append(record)
+            dropped = self._owed.popleft() if len(self._owed) > MAX_OWED else None
+        if dropped is not None:
+            _not_written(dropped, f"over {MAX_OWED} records owed in this process")
+
+
+def _written(store: Store, record: Stranded) -> bool:
+    """One ``strand`` call; ``False`` if the store did not take it (best effort, as ``run.quietly``)."""
+    try:
+        marked = store.strand(record.key, record.run, record.reason)
+    except FenceError as exc:
+        log.warning("fence: strand of %r failed: %s", record.key, exc)
+        return False
+    if not marked:  # someone leased or finished the key meanwhile: its state says more than this record
+        log.info("fence: no record of %s written: key %r is no longer free", record.task_id, record.key)
+    return True
+
+
+def _not_written(record: Stranded, why: str) -> None:
+    log.error(
+        "fence: record not written: %s gave up on key %r (%s); %s",
+        record.task_id, record.key, record.reason, why,
+    )
