@@ -59,6 +59,15 @@ def test_no_celery_fence_turns_the_plugin_off(pytester: pytest.Pytester) -> None
     result.stdout.fnmatch_lines(["*fixture 'fence_store' not found*"])
 
 
+def test_with_autoload_off_p_celery_fence_loads_it(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile("def test_it(fence_store):\n    pass\n")
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    result = pytester.runpytest_subprocess("-p", "celery_fence")
+    result.assert_outcomes(passed=1)
+
+
 @pytest.mark.parametrize(
     ("environ", "args", "outcome"),
     [
