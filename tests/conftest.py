@@ -1,4 +1,5 @@
-"""Shared server-availability helpers.
+"""Shared server-availability helpers, and pytester (tests/unit/test_pytest_plugin.py runs pytest on a
+user's project).
 
 A test that needs a server it cannot reach is skipped on a developer's machine and fails in CI
 (``CI`` set to anything but empty, ``0`` or ``false``), so a missing service never passes quietly.
@@ -7,14 +8,14 @@ A test that needs a server it cannot reach is skipped on a developer's machine a
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+
+pytest_plugins = ["pytester"]  # pytest accepts it only in the top-level conftest
 
 PG_SERVER_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 # The soak sets its own, so its faults (every celery-fence session of the database terminated) stay there.
@@ -118,14 +119,3 @@ def etcd_binary() -> str:
     require_server("etcd", found, reason)
     return str(path)
 
-
-@pytest.fixture(autouse=True)
-def _root_logger_as_it_was() -> Iterator[None]:
-    """Celery's in-process worker (``start_worker``) sets the root logger's level (ERROR) and adds a
-    handler; a later test's ``caplog`` would then miss warnings. Put the root logger back after each test."""
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield
-    root.setLevel(level)
-    for handler in [h for h in root.handlers if h not in handlers]:
-        root.removeHandler(handler)

@@ -1,8 +1,9 @@
-"""A user's conftest for the fault kit: its fixtures, the app configured for the tests, a store per test.
+"""A user's conftest: the app configured for the tests, a store and a queue per test.
 
-The workers are real ``celery -A example_app.app worker`` processes on the embedded default (filesystem
-broker, SQLite result backend) under one folder for the session; each test gets a store of its own
-(SQLite in its folder, or a PostgreSQL schema) and a queue of its own, so tests never see each other.
+celery-fence's plugin (loaded by its entry point: no ``pytest_plugins`` line) gives the ``fence_*``
+fixtures. The workers are real ``celery -A example_app.app worker`` processes on the embedded default
+(filesystem broker, SQLite result backend) under one folder for the session; each test gets a store of its
+own (SQLite in its folder, or a PostgreSQL schema) and a queue of its own, so tests never see each other.
 """
 
 from __future__ import annotations
@@ -25,17 +26,10 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 
-from celery_fence import Store, open_store
-from celery_fence import testing as kit
+from celery_fence import Store
 
 if TYPE_CHECKING:
     from celery_fence.testing import Worker, WorkerFactory
-
-# The kit's fixtures. In your project's top-level conftest.py, write pytest_plugins =
-# ["celery_fence.testing"] instead; pytest accepts that only there, and this conftest is not at the top.
-fence_workdir = kit.fence_workdir
-fence_worker = kit.fence_worker
-store_proxy = kit.store_proxy
 
 APP = "example_app.app"
 RECOVER = ("--fence-recover", "--fence-recover-interval", "1")  # re-send runs the broker lost
@@ -80,11 +74,20 @@ if _shop_settings.STATE != STATE:
 
 
 @pytest.fixture
-def pg_store_url() -> Iterator[str]:
-    """A PostgreSQL schema of its own (in the URL, so the workers use it too), dropped afterwards.
+def fence_store_url(request: pytest.FixtureRequest, fence_workdir: Path) -> Iterator[str]:
+    """The plugin's fixture, overridden: the workers are other processes, so a SQLite file in the test's
+    folder by default; ``"memory"`` for one process; ``"postgresql"`` (indirect parametrization) for a
+    PostgreSQL schema of its own, in the URL so the workers use it too, dropped afterwards."""
+    name = getattr(request, "param", "sqlite")
+    if name == "postgresql":
+        yield from pg_schema_url()
+    else:
+        yield {"memory": "memory://", "sqlite": f"sqlite:///{fence_workdir / 'fence.db'}"}[name]
 
-    Skipped without a server; in CI (``CI`` set) a missing server fails the test instead.
-    """
+
+def pg_schema_url() -> Iterator[str]:
+    """The URL of a PostgreSQL schema of its own, dropped afterwards. Skipped without a server; in CI
+    (``CI`` set) a missing server fails the test instead."""
     server = make_url(PG_SERVER_URL)
     database = server.set(database=PG_DATABASE)
     schema = f"shop_test_{uuid.uuid4().hex[:10]}"
@@ -146,25 +149,13 @@ class Shop:
         return [event.event for event in self.store.history(key)]
 
 
-def open_shop(store_url: str, start_worker: WorkerFactory) -> Iterator[Shop]:
-    store, engine = open_store(store_url), create_engine(store_url)
-    store.migrate()
+@pytest.fixture
+def shop(fence_store: Store, fence_store_url: str, fence_worker: WorkerFactory) -> Iterator[Shop]:
+    """The shop on this test's store (the workers are stopped before a PostgreSQL schema is dropped)."""
+    engine = create_engine(fence_store_url)
     shop_tables.create(engine)
-    env = {**EMBEDDED, "FENCE_STORE_URL": store_url, "FENCE_LEASE_TTL": "2", "SHOP_STEP_PAUSE": "1"}
+    env = {**EMBEDDED, "FENCE_STORE_URL": fence_store_url, "FENCE_LEASE_TTL": "2", "SHOP_STEP_PAUSE": "1"}
     try:
-        yield Shop(store, engine, env, f"shop-{uuid.uuid4().hex[:8]}", start_worker)
+        yield Shop(fence_store, engine, env, f"shop-{uuid.uuid4().hex[:8]}", fence_worker)
     finally:
-        store.close()
         engine.dispose()
-
-
-@pytest.fixture
-def shop(fence_workdir: Path, fence_worker: WorkerFactory) -> Iterator[Shop]:
-    """The shop on a SQLite store in this test's folder."""
-    yield from open_shop(f"sqlite:///{fence_workdir / 'fence.db'}", fence_worker)
-
-
-@pytest.fixture
-def pg_shop(pg_store_url: str, fence_worker: WorkerFactory) -> Iterator[Shop]:
-    """The shop on a PostgreSQL schema of its own (the workers are stopped before it is dropped)."""
-    yield from open_shop(pg_store_url, fence_worker)

@@ -67,8 +67,9 @@ def test_a_killed_run_is_recovered_and_resumes_after_its_last_step(shop: Shop) -
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("fence_store_url", ["postgresql"], indirect=True)
 def test_a_run_cut_off_from_its_store_loses_its_lease_and_is_refused(
-    pg_shop: Shop, store_proxy: ProxyFactory
+    shop: Shop, fence_store_proxy: ProxyFactory
 ) -> None:
     """Cut worker a's store connection for longer than the ttl in the middle of an order: its lease is
     lost (it says so in its log), the order is taken over by worker b, and once the link is back, a's
@@ -76,8 +77,8 @@ def test_a_run_cut_off_from_its_store_loses_its_lease_and_is_refused(
 
     Worker a pauses 6 s between steps, so its renewer (not its next write) is the first to meet the cut.
     """
-    shop, key = pg_shop, "order:3"
-    proxy = store_proxy(shop.env["FENCE_STORE_URL"])
+    key = "order:3"
+    proxy = fence_store_proxy(shop.env["FENCE_STORE_URL"])
     a = shop.worker(
         "a",
         queue=f"{shop.queue}-a",

@@ -18,7 +18,6 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from celery_fence import StoreUnavailable, open_store
-from celery_fence import testing as kit
 from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import StoreProxy, WorkerFactory, assert_history_clean, wait_for
 
@@ -29,10 +28,6 @@ from .workers import marks
 pytestmark = pytest.mark.integration
 
 APP = "tests.integration.fenced_app"
-
-# The kit's fixtures, for this module only (a user's top-level conftest says pytest_plugins instead).
-fence_workdir = kit.fence_workdir
-fence_worker = kit.fence_worker
 
 
 @pytest.fixture
