@@ -38,7 +38,7 @@ def events(store: Store, key: str) -> list[tuple[str, int]]:
 def test_the_body_sees_its_lease(app: Celery, store: Store) -> None:
     seen: list[tuple[str, int, Any]] = []
 
-    @app.task(base=FencedTask, bind=True)
+    @app.task(base=FencedTask, bind=True, shared=False)
     def double(self: Any, x: int) -> int:
         seen.append((self.fence.key, self.fence.token, self.request.id))
         self.fence.check()
@@ -56,7 +56,7 @@ def test_the_body_sees_its_lease(app: Celery, store: Store) -> None:
 def test_a_finished_key_returns_its_stored_result_unrun(app: Celery, store: Store) -> None:
     calls: list[int] = []
 
-    @app.task(base=FencedTask, bind=True)
+    @app.task(base=FencedTask, bind=True, shared=False)
     def once(self: Any) -> dict[str, int]:
         calls.append(self.fence.token)
         return {"run": len(calls)}
@@ -71,7 +71,7 @@ def test_a_finished_key_returns_its_stored_result_unrun(app: Celery, store: Stor
 def test_an_exception_releases_the_lease(app: Celery, store: Store) -> None:
     tokens: list[int] = []
 
-    @app.task(base=FencedTask, bind=True)
+    @app.task(base=FencedTask, bind=True, shared=False)
     def boom(self: Any) -> None:
         tokens.append(self.fence.token)
         raise ValueError("boom")
@@ -87,7 +87,7 @@ def test_an_exception_releases_the_lease(app: Celery, store: Store) -> None:
 
 
 def test_a_direct_call_runs_unfenced(app: Celery, store: Store) -> None:
-    @app.task(base=FencedTask, bind=True)
+    @app.task(base=FencedTask, bind=True, shared=False)
     def plain(self: Any, x: int) -> str:
         try:
             self.fence  # noqa: B018
@@ -95,7 +95,7 @@ def test_a_direct_call_runs_unfenced(app: Celery, store: Store) -> None:
             return f"{x}: {exc}"
         return "fenced"
 
-    @app.task(base=FencedTask, bind=True)
+    @app.task(base=FencedTask, bind=True, shared=False)
     def needs_fence(self: Any) -> int:
         return self.fence.token
 
@@ -109,7 +109,7 @@ def test_a_direct_call_runs_unfenced(app: Celery, store: Store) -> None:
 def test_an_unserializable_result_fails_and_leaves_the_key_not_done(app: Celery, store: Store) -> None:
     calls: list[int] = []
 
-    @app.task(base=FencedTask, bind=True)
+    @app.task(base=FencedTask, bind=True, shared=False)
     def odd(self: Any) -> set[int]:
         calls.append(self.fence.token)
         return {1, 2}
@@ -125,7 +125,7 @@ def test_an_unserializable_result_fails_and_leaves_the_key_not_done(app: Celery,
 def test_a_key_template_groups_calls_whose_key_matches(app: Celery, store: Store) -> None:
     calls: list[tuple[int, str]] = []
 
-    @app.task(base=FencedTask, bind=True, fence_key="invoice:{invoice_id}")
+    @app.task(base=FencedTask, bind=True, shared=False, fence_key="invoice:{invoice_id}")
     def charge(self: Any, invoice_id: int, note: str = "") -> str:
         calls.append((invoice_id, note))
         return f"charged {invoice_id} ({note}) with token {self.fence.token}"
@@ -142,7 +142,7 @@ def test_a_key_template_groups_calls_whose_key_matches(app: Celery, store: Store
 def test_a_held_key_with_on_busy_fail_fails_unrun(app: Celery, store: Store) -> None:
     calls: list[int] = []
 
-    @app.task(base=FencedTask, bind=True, fence_key="k", fence_on_busy="fail")
+    @app.task(base=FencedTask, bind=True, shared=False, fence_key="k", fence_on_busy="fail")
     def busy(self: Any) -> None:
         calls.append(1)
 
@@ -155,7 +155,7 @@ def test_a_held_key_with_on_busy_fail_fails_unrun(app: Celery, store: Store) -> 
 
 
 def test_a_superseded_run_stores_nothing(app: Celery, store: Store) -> None:
-    @app.task(base=FencedTask, bind=True, fence_key="k")
+    @app.task(base=FencedTask, bind=True, shared=False, fence_key="k")
     def superseded(self: Any) -> str:
         store.force_release(self.fence.key)  # an operator fences this run out while it works
         return "late"
@@ -185,7 +185,7 @@ def test_an_acquire_whose_answer_was_lost_is_found_again_with_the_same_owner(
 
     monkeypatch.setattr(store, "acquire", lossy)
 
-    @app.task(base=FencedTask, bind=True)
+    @app.task(base=FencedTask, bind=True, shared=False)
     def once(self: Any) -> int:
         return self.fence.token
 
@@ -207,7 +207,7 @@ def test_a_store_that_stays_down_makes_the_task_retry(
     monkeypatch.setattr(store, "acquire", down)
     ran: list[int] = []
 
-    @app.task(base=FencedTask, bind=True, max_retries=2)
+    @app.task(base=FencedTask, bind=True, shared=False, max_retries=2)
     def never(self: Any) -> None:
         ran.append(1)
 
