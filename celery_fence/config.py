@@ -11,7 +11,15 @@ from .errors import ConfigurationError, InvalidArgument
 from .lease import LeasePolicy
 from .stores import DEFAULT_STORE_URL, scheme_of
 
-__all__ = ["BUSY_POLICIES", "DEFAULTS", "FenceConfig", "check_prune_age", "metrics_port", "prune_min_age"]
+__all__ = [
+    "BUSY_POLICIES",
+    "DEFAULTS",
+    "TASK_OPTIONS",
+    "FenceConfig",
+    "check_prune_age",
+    "metrics_port",
+    "prune_min_age",
+]
 
 BUSY_POLICIES = ("retry", "ignore", "fail")
 MAX_PORT = 65535
@@ -32,6 +40,8 @@ DEFAULTS: dict[str, Any] = {
     "fence_metrics_addr": None,  # the address it listens on: 0.0.0.0
     "fence_prune_min_age": None,  # the broker's visibility_timeout if set, else REDELIVERY_WINDOW
 }
+# The options a fenced task may set for itself (``FencedTask``'s attributes); the rest are app-wide.
+TASK_OPTIONS = ("fence_key", "fence_lease_ttl", "fence_on_busy", "fence_interrupt")
 
 
 def metrics_port(value: Any) -> int | None:
