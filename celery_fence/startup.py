@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from ._spelling import unknown_settings
+from ._store_probe import probe_store
 from ._task_checks import Acks, acks_warnings, task_warnings
 from .config import FenceConfig
 from .errors import ConfigurationError
@@ -91,6 +92,7 @@ def check_worker_at_start(sender: Any = None, instance: Any = None, **_: Any) ->
     pool = getattr(getattr(worker, "pool_cls", None), "__module__", "").rsplit(".", 1)[-1]
     try:
         _log_warnings(check_settings(app.conf, pool, tasks))
+        _log_warnings(probe_store(FenceConfig.from_conf(app.conf)))  # settings first: no bad URL opened
     except ConfigurationError as exc:
         stop_worker(exc)
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, make_url, text
 
 from celery_fence.testing import Worker
 
@@ -109,4 +113,64 @@ def test_a_fence_key_naming_no_argument_stops_the_worker(cluster: Cluster) -> No
         "(did you mean item?); its parameters are item: name one of them in braces, "
         "e.g. 'invoice:{invoice_id}'"
     ]
+    assert "ready." not in done.stderr
+
+
+def test_a_sqlite_file_in_a_missing_directory_stops_the_worker(cluster: Cluster, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir" / "fence.db"
+    done = start_refused(cluster, {"FENCE_IT_STORE": f"sqlite:///{missing}"})
+    assert done.returncode != 0
+    (critical,) = said(done.stderr, "CRITICAL")
+    assert f"the directory {missing.parent} does not exist, so SQLite cannot create fence.db" in critical
+    assert "ready." not in done.stderr and not missing.parent.exists()
+
+
+def test_a_redis_database_the_server_does_not_have_stops_the_worker(cluster: Cluster) -> None:
+    done = start_refused(cluster, {"FENCE_IT_STORE": "redis://127.0.0.1:6379/99"})
+    assert done.returncode != 0
+    (critical,) = said(done.stderr, "CRITICAL")
+    assert critical.startswith("fence store redis://127.0.0.1:6379/99: no such database")
+    assert "ready." not in done.stderr
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:  # a port nothing listens on once this closes
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize("scheme", ["redis", "postgresql"])
+def test_a_store_that_does_not_answer_is_named_at_start(cluster: Cluster, scheme: str) -> None:
+    url = f"{scheme}://127.0.0.1:{_closed_port()}/{'0' if scheme == 'redis' else 'shop'}"
+    with started(cluster, f"{scheme}-down", {"FENCE_IT_STORE": url}) as worker:
+        warnings = [w for w in said(worker.log_text(), "WARNING") if "at worker start" in w]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"the fence store cannot be used at worker start: fence store {url}")
+    assert "Connection refused" in warnings[0] and "fence_store_wait (600s)" in warnings[0]
+
+
+@pytest.fixture
+def role_without_ddl(postgres_url: str) -> Iterator[str]:
+    """The test database's URL as a new role that may connect but not create tables (PostgreSQL 15's
+    default for the public schema), dropped afterwards."""
+    name = f"fence_no_ddl_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE ROLE "{name}" LOGIN'))
+    try:
+        yield make_url(postgres_url).set(username=name, password=None).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP ROLE "{name}"'))
+        admin.dispose()
+
+
+def test_tables_this_role_may_not_create_stop_the_worker_naming_migrate(
+    cluster: Cluster, role_without_ddl: str
+) -> None:
+    done = start_refused(cluster, {"FENCE_IT_STORE": role_without_ddl})
+    assert done.returncode != 0
+    (critical,) = said(done.stderr, "CRITICAL")
+    assert "permission denied" in critical and "'celery -A yourapp fence migrate'" in critical
     assert "ready." not in done.stderr
