@@ -174,3 +174,27 @@ def test_tables_this_role_may_not_create_stop_the_worker_naming_migrate(
     (critical,) = said(done.stderr, "CRITICAL")
     assert "permission denied" in critical and "'celery -A yourapp fence migrate'" in critical
     assert "ready." not in done.stderr
+
+
+def test_a_metrics_port_out_of_range_is_one_line(cluster: Cluster) -> None:
+    done = start_refused(cluster, {}, args=("--fence-metrics-port", "70000"))
+    assert done.returncode != 0
+    assert said(done.stderr, "CRITICAL") == [
+        "--fence-metrics-port must be a TCP port (an int from 1 to 65535) or None, got 70000"
+    ]
+    assert "Traceback" not in done.stderr
+
+
+def test_a_metrics_port_in_use_is_one_line(cluster: Cluster) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ("--fence-metrics-port", str(port), "--fence-metrics-addr", "127.0.0.1")
+        done = start_refused(cluster, {}, args=args)
+    assert done.returncode != 0
+    assert said(done.stderr, "CRITICAL") == [
+        f"fence_metrics_port (--fence-metrics-port) {port}: cannot serve metrics on 127.0.0.1:{port}: "
+        "Address already in use; choose a free port"
+    ]
+    assert "Traceback" not in done.stderr and "OSError" not in done.stderr
