@@ -52,7 +52,7 @@ def _store(ctx: click.Context, *, must_exist: bool = True) -> Iterator[Store]:
     try:
         runtime = runtime_for(app)
         if must_exist:
-            _refuse_missing_sqlite(runtime.config.store_url)
+            _refuse_missing_sqlite(ctx, runtime.config.store_url)
         try:
             with lock_wait(ADMIN_LOCK_WAIT):  # never hang behind a stopped process's transaction
                 yield runtime.store
@@ -62,14 +62,17 @@ def _store(ctx: click.Context, *, must_exist: bool = True) -> Iterator[Store]:
         raise FenceCommandError(str(exc)) from exc
 
 
-def _refuse_missing_sqlite(url: str) -> None:
+def _refuse_missing_sqlite(ctx: click.Context, url: str) -> None:
     """Reading a SQLite path that does not exist would create an empty store and report nothing."""
     path = sqlite_file(url)
     if path is None or path.exists():
         return
+    # Without -A (or CELERY_APP) Celery hands over its default app, which reads the default store URL.
+    named = ctx.find_root().params.get("app") is not None
+    hint = "" if named else "; no app was named: run it as 'celery -A yourapp fence ...' to read its store"
     raise FenceCommandError(
         f"no fence store at {path.resolve()}: check fence_store_url (a relative path is relative to the "
-        "current directory) or create it with 'celery -A yourapp fence migrate'"
+        f"current directory) or create it with 'celery -A yourapp fence migrate'{hint}"
     )
 
 
