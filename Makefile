@@ -22,8 +22,10 @@ test: venv
 	$(PYTEST) -m "not soak" $(ARGS)
 	$(MAKE) pkg
 
-# Build the sdist and wheel, twine check them, install the wheel in a fresh venv and run the unit and
-# contract suites against it (a .lua file or py.typed missing from the wheel fails here).
+# Build the sdist and wheel (a setuptools warning about a package it would leave out fails it), twine
+# check them, check that the wheel with its redis extra alone gives a working Redis broker (a venv of its
+# own), then install the wheel with every extra in a fresh venv and run the unit and contract suites
+# against it (a .lua file or py.typed missing from the wheel fails here).
 pkg: venv
 	$(VENV)/bin/tox -e pkg
 

@@ -15,10 +15,11 @@ from celery import bootsteps, current_app
 
 from .config import metrics_addr, metrics_port
 from .election import Election
-from .errors import StoreUnavailable
+from .errors import ConfigurationError, StoreUnavailable
 from .metrics import FenceMetrics, prepare_multiprocess, serve_metrics
 from .recovery import load_tasks, recover_abandoned
 from .runtime import runtime_for, settle_at_exit
+from .startup import stop_worker
 from .stores import Store, open_store
 from .stores.waits import ADMIN_LOCK_WAIT, lock_wait
 
@@ -131,21 +132,29 @@ class FenceMetricsServer(bootsteps.StartStopStep):  # type: ignore[misc]
         fence_metrics_addr: str | None = None,
         **kwargs: Any,
     ) -> None:
-        conf = worker.app.conf
-        self.port = metrics_port(
-            conf.get("fence_metrics_port") if fence_metrics_port is None else fence_metrics_port
-        )
-        self.addr = metrics_addr(fence_metrics_addr or conf.get("fence_metrics_addr")) or "0.0.0.0"
-        self.enabled = self.port is not None
         self.server: Any = None
         self.folder: str | None = None
-        if self.enabled:
-            self.folder = prepare_multiprocess()
-            self.metrics = FenceMetrics().connect(worker.app)  # children inherit the receivers
+        try:  # a bad port, or no prometheus_client: one line, before the pool forks
+            self.port, self.addr = _endpoint(worker.app.conf, fence_metrics_port, fence_metrics_addr)
+            self.enabled = self.port is not None
+            if self.enabled:
+                self.folder = prepare_multiprocess()
+                self.metrics = FenceMetrics().connect(worker.app)  # children inherit the receivers
+        except ConfigurationError as exc:
+            stop_worker(exc)
 
     def start(self, worker: Any) -> None:
         assert self.port is not None  # only enabled steps start
-        self.server = serve_metrics(self.port, self.addr)
+        try:
+            self.server = serve_metrics(self.port, self.addr)
+        except OSError as exc:  # the port is taken, or the address is not this host's
+            reason = exc.strerror or str(exc)
+            stop_worker(
+                ConfigurationError(
+                    f"fence_metrics_port (--fence-metrics-port) {self.port}: cannot serve metrics on "
+                    f"{self.addr}:{self.port}: {reason}; choose a free port"
+                )
+            )
 
     def stop(self, worker: Any) -> None:
         if self.server is not None:
@@ -157,6 +166,16 @@ class FenceMetricsServer(bootsteps.StartStopStep):  # type: ignore[misc]
         self.stop(worker)
         if self.folder is not None:  # ours: nobody else reads it
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _endpoint(conf: Any, port: int | None, addr: str | None) -> tuple[int | None, str]:
+    """The metrics server's port and address: the worker options over the app's settings."""
+    if port is None:
+        checked = metrics_port(conf.get("fence_metrics_port"))
+    else:
+        checked = metrics_port(port, "--fence-metrics-port")
+    host = metrics_addr(addr, "--fence-metrics-addr") or metrics_addr(conf.get("fence_metrics_addr"))
+    return checked, host or "0.0.0.0"
 
 
 def add_worker_steps(sender: Any = None, instance: Any = None, **_: Any) -> None:

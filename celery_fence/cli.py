@@ -14,20 +14,18 @@ import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import click
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
+from ._store_probe import sqlite_file
 from .bootstep import WORKER_OPTIONS
 from .config import check_prune_age
 from .errors import FenceError
 from .lease import LeaseState
 from .recovery import load_tasks, recover_abandoned
 from .runtime import runtime_for
-from .stores import Store, scheme_of
+from .stores import Store
 from .stores.urls import mask_url
 from .stores.waits import ADMIN_LOCK_WAIT, lock_wait
 from .verify import read_store, verify
@@ -54,7 +52,7 @@ def _store(ctx: click.Context, *, must_exist: bool = True) -> Iterator[Store]:
     try:
         runtime = runtime_for(app)
         if must_exist:
-            _refuse_missing_sqlite(runtime.config.store_url)
+            _refuse_missing_sqlite(ctx, runtime.config.store_url)
         try:
             with lock_wait(ADMIN_LOCK_WAIT):  # never hang behind a stopped process's transaction
                 yield runtime.store
@@ -64,19 +62,18 @@ def _store(ctx: click.Context, *, must_exist: bool = True) -> Iterator[Store]:
         raise FenceCommandError(str(exc)) from exc
 
 
-def _refuse_missing_sqlite(url: str) -> None:
+def _refuse_missing_sqlite(ctx: click.Context, url: str) -> None:
     """Reading a SQLite path that does not exist would create an empty store and report nothing."""
-    if scheme_of(url)[0] != "sqlite":
+    path = sqlite_file(url)
+    if path is None or path.exists():
         return
-    try:
-        database = make_url(url).database
-    except (ArgumentError, ValueError):  # a bad port is a ValueError
-        return  # the store reports a malformed URL itself
-    if database and not database.startswith("file:") and not Path(database).exists():
-        raise FenceCommandError(
-            f"no fence store at {Path(database).resolve()}: check fence_store_url (a relative path is "
-            "relative to the current directory) or create it with 'celery -A yourapp fence migrate'"
-        )
+    # Without -A (or CELERY_APP) Celery hands over its default app, which reads the default store URL.
+    named = ctx.find_root().params.get("app") is not None
+    hint = "" if named else "; no app was named: run it as 'celery -A yourapp fence ...' to read its store"
+    raise FenceCommandError(
+        f"no fence store at {path.resolve()}: check fence_store_url (a relative path is relative to the "
+        f"current directory) or create it with 'celery -A yourapp fence migrate'{hint}"
+    )
 
 
 def _duration(_ctx: click.Context, _param: click.Parameter, value: str) -> float:

@@ -11,7 +11,15 @@ from .errors import ConfigurationError, InvalidArgument
 from .lease import LeasePolicy
 from .stores import DEFAULT_STORE_URL, scheme_of
 
-__all__ = ["BUSY_POLICIES", "DEFAULTS", "FenceConfig", "check_prune_age", "metrics_port", "prune_min_age"]
+__all__ = [
+    "BUSY_POLICIES",
+    "DEFAULTS",
+    "TASK_OPTIONS",
+    "FenceConfig",
+    "check_prune_age",
+    "metrics_port",
+    "prune_min_age",
+]
 
 BUSY_POLICIES = ("retry", "ignore", "fail")
 MAX_PORT = 65535
@@ -32,26 +40,29 @@ DEFAULTS: dict[str, Any] = {
     "fence_metrics_addr": None,  # the address it listens on: 0.0.0.0
     "fence_prune_min_age": None,  # the broker's visibility_timeout if set, else REDELIVERY_WINDOW
 }
+# The options a fenced task may set for itself (``FencedTask``'s attributes); the rest are app-wide.
+TASK_OPTIONS = ("fence_key", "fence_lease_ttl", "fence_on_busy", "fence_interrupt")
 
 
-def metrics_port(value: Any) -> int | None:
-    """``fence_metrics_port``: ``None`` (no metrics server) or a TCP port number."""
+def metrics_port(value: Any, name: str = "fence_metrics_port") -> int | None:
+    """``fence_metrics_port`` (or the worker option ``name``): ``None`` (no metrics server) or a TCP port."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_PORT:
         raise ConfigurationError(
-            f"fence_metrics_port must be a TCP port (an int from 1 to 65535) or None, got {value!r}"
+            f"{name} must be a TCP port (an int from 1 to 65535) or None, got {value!r}"
         )
     return value
 
 
-def metrics_addr(value: Any) -> str | None:
-    """``fence_metrics_addr``: ``None`` (all interfaces) or the host address the metrics server binds."""
+def metrics_addr(value: Any, name: str = "fence_metrics_addr") -> str | None:
+    """``fence_metrics_addr`` (or the worker option ``name``): ``None`` (all interfaces) or the host
+    address the metrics server binds."""
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
         raise ConfigurationError(
-            f"fence_metrics_addr must be a host address such as '127.0.0.1' or None, got {value!r}"
+            f"{name} must be a host address such as '127.0.0.1' or None, got {value!r}"
         )
     return value
 

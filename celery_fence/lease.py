@@ -229,3 +229,9 @@ class LeasePolicy:
         if expires_in is None or expires_in <= 0:
             return self.interval
         return expires_in
+
+    def look_again_countdown(self, expires_in: float | None, looks: int) -> float:
+        """Seconds before a copy of a running task id looks at the key again (``looks`` it already had): a
+        renew interval, doubled each look, never past the holder's remaining ttl. A holder that ends soon is
+        seen soon; a long one costs a message per ttl at most, as :meth:`busy_countdown` does."""
+        return min(self.interval * 2.0 ** min(looks, 32), self.busy_countdown(expires_in))

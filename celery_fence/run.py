@@ -55,6 +55,7 @@ class RunHost(Protocol):
         self, countdown: float, handing_back: Lease | None = None, cause: BaseException | None = None
     ) -> NoReturn: ...
     def busy(self, held: LeaseHeld, config: FenceConfig) -> Any: ...
+    def look_again(self, held: LeaseHeld, config: FenceConfig) -> NoReturn: ...
     def wait_out(self, exc: StoreUnavailable, config: FenceConfig, key: str, run_info: Any) -> NoReturn: ...
     def superseded(self, fence: Fence, state: LeaseState | None) -> NoReturn: ...
 
@@ -138,7 +139,7 @@ class Run:
         if action is Action.ABSORB_LATER:
             assert isinstance(problem, LeaseHeld)
             self.host.duplicate(self.key, 0, "held")
-            self.host.requeue(self.config.policy.busy_countdown(problem.expires_in))
+            self.host.look_again(problem, self.config)
         if action is Action.WAIT_OUT:
             assert isinstance(problem, StoreUnavailable)
             self.host.wait_out(problem, self.config, self.key, self.run_info)

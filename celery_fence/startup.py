@@ -6,26 +6,35 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
+from ._spelling import unknown_settings
+from ._store_probe import probe_store
+from ._task_checks import Acks, acks_warnings, task_warnings
 from .config import FenceConfig
 from .errors import ConfigurationError
 from .lease import LeasePolicy
 from .stores import check_store_url, scheme_of
 
-__all__ = ["check_settings", "check_worker_at_start"]
+__all__ = ["check_settings", "check_worker_at_start", "stop_worker"]
 
 log = logging.getLogger(__name__)
 
 ETCD_MIN_TTL = 2  # etcd leases are whole seconds, at least this
 
 
-def check_settings(conf: Mapping[str, Any], pool: str = "prefork") -> list[str]:
-    """Warnings for ``conf``; raises ``ConfigurationError`` for settings that cannot work."""
+def check_settings(
+    conf: Mapping[str, Any], pool: str = "prefork", tasks: Sequence[Any] | None = None
+) -> list[str]:
+    """Warnings for ``conf``; raises ``ConfigurationError`` for settings that cannot work. Without I/O.
+
+    ``tasks`` (the app's fenced tasks) are checked each, their own options over the app's; without them,
+    the acknowledgement settings are judged by the app's defaults.
+    """
     config = FenceConfig.from_conf(conf)
     check_store_url(config.store_url)  # an unknown scheme or a missing driver stops the worker too
-    ttl, warnings = config.policy.ttl, []
+    ttl, warnings = config.policy.ttl, unknown_settings(conf)
     if scheme_of(config.store_url)[0] == "etcd" and (ttl < ETCD_MIN_TTL or ttl != int(ttl)):
         warnings.append(f"fence_lease_ttl={ttl}: etcd leases are whole seconds, at least 2; rounded up")
     if scheme_of(config.store_url)[0] == "sqlite":
@@ -37,16 +46,7 @@ def check_settings(conf: Mapping[str, Any], pool: str = "prefork") -> list[str]:
             "than it is delivered again; the copies are refused, but raise visibility_timeout above your "
             "longest task"
         )
-    if not conf.get("task_acks_late"):
-        warnings.append(
-            "task_acks_late is off: a run whose worker dies is lost with its message; set "
-            "task_acks_late=True, or re-send abandoned runs with 'celery fence recover'"
-        )
-    elif not (conf.get("task_reject_on_worker_lost") or conf.get("task_retry_on_worker_lost")):
-        warnings.append(
-            "task_acks_late without task_reject_on_worker_lost or task_retry_on_worker_lost: a run whose "
-            "worker process dies is acked as failed and never comes back; set one of them"
-        )
+    warnings += acks_warnings([Acks.of_conf(conf)]) if tasks is None else task_warnings(tasks)
     time_limit = conf.get("task_time_limit")
     if time_limit is not None and time_limit < ttl:
         warnings.append(
@@ -83,22 +83,33 @@ def _sqlite_lock_warning(policy: LeasePolicy, interval: float | None) -> list[st
 def check_worker_at_start(sender: Any = None, instance: Any = None, **_: Any) -> None:
     """``celeryd_after_setup`` receiver: the worker's main process, logging set up, no child forked yet."""
     worker = instance if instance is not None else sender
-    app = getattr(worker, "app", None)
-    if app is None or not _has_fenced_tasks(app):
+    app: Any = getattr(worker, "app", None)
+    tasks = [] if app is None else _fenced_tasks(app)
+    if not tasks:
         return
     if getattr(worker, "task_events", False):  # -E: let the children send task-fence-acquired too
         app.conf.worker_send_task_events = True
     pool = getattr(getattr(worker, "pool_cls", None), "__module__", "").rsplit(".", 1)[-1]
     try:
-        warnings = check_settings(app.conf, pool)
-    except ConfigurationError as exc:  # Celery's signals swallow exceptions: stop the worker ourselves
-        log.critical("celery-fence: %s", exc)
-        raise SystemExit(f"celery-fence: {exc}") from exc
+        _log_warnings(check_settings(app.conf, pool, tasks))
+        _log_warnings(probe_store(FenceConfig.from_conf(app.conf)))  # settings first: no bad URL opened
+    except ConfigurationError as exc:
+        stop_worker(exc)
+
+
+def stop_worker(exc: ConfigurationError) -> NoReturn:
+    """Stop a starting worker on a setting that cannot work: one ``CRITICAL`` line, no traceback. Celery's
+    signals swallow exceptions, and a bootstep's would come with a traceback: exit ourselves."""
+    log.critical("celery-fence: %s", exc)
+    raise SystemExit(f"celery-fence: {exc}") from exc
+
+
+def _log_warnings(warnings: list[str]) -> None:
     for warning in warnings:
         log.warning("celery-fence: %s", warning)
 
 
-def _has_fenced_tasks(app: Any) -> bool:
+def _fenced_tasks(app: Any) -> list[Any]:
     from .task import FencedTask
 
-    return any(isinstance(task, FencedTask) for task in app.tasks.values())
+    return [task for task in app.tasks.values() if isinstance(task, FencedTask)]

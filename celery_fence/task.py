@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 HANDOFF_HEADER = "fence_handoff"  # the token an attempt hands to the copy of itself that it sends
 WAITING_SINCE_HEADER = "fence_waiting_since"  # when a run first found the store unavailable (epoch s)
 WAITS_HEADER = "fence_waits"  # how many times it was sent again to wait the store out
+LOOKS_HEADER = "fence_looks"  # how many times a copy of a running task id was sent again to look
 
 
 def _token_or_none(value: Any) -> int | None:
@@ -245,10 +246,24 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             "fence: store unavailable for %s[%s] (key %r), waiting it out (again in %.1fs, "
             "max_retries not spent): %s", self.name, request.id, key, countdown, exc,
         )
+        self._send_again(countdown, {WAITING_SINCE_HEADER: since, WAITS_HEADER: waits + 1})
+
+    def look_again(self, held: LeaseHeld, config: FenceConfig) -> NoReturn:
+        """A run of this very task id holds the key: this copy (a redelivery) looks again in case the holder
+        dies, soon, then less often; nothing failed, so ``max_retries`` is not spent (nor dropped for it)."""
+        request = self.request
+        if request.is_eager:  # apply() has no queue to go back to
+            raise Ignore()
+        looks = _token_or_none(getattr(request, LOOKS_HEADER, None)) or 0
+        countdown = config.policy.look_again_countdown(held.expires_in, looks)
+        log.info("fence: %s[%s] looks at %s again in %.1fs", self.name, request.id, held.key, countdown)
+        self._send_again(countdown, {LOOKS_HEADER: looks + 1})
+
+    def _send_again(self, countdown: float, headers: dict[str, Any]) -> NoReturn:
+        """This message again, same id and same ``retries`` (nothing failed), ``headers`` added; then end."""
+        request = self.request
         signature = self.signature_from_request(request, countdown=countdown, retries=request.retries)
-        headers = dict(signature.options.get("headers") or {})
-        headers.update({WAITING_SINCE_HEADER: since, WAITS_HEADER: waits + 1})
-        signature.options["headers"] = headers
+        signature.options["headers"] = {**(signature.options.get("headers") or {}), **headers}
         signature.apply_async()
         raise Ignore()
 

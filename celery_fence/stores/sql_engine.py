@@ -259,6 +259,12 @@ def _translate_dbapi(url: str, exc: DBAPIError) -> FenceError:
         return RowLocked(f"fence store {safe_url(url)}: a row is locked: {message.splitlines()[0]}")
     if is_locked(exc.orig):  # SQLite's busy timeout ran out: another process holds the write lock
         return StoreUnavailable(locked_message(url))
+    if code == "42501":  # insufficient privilege: no wait heals it (typically the tables are not made yet)
+        return ConfigurationError(
+            f"fence store {safe_url(url)}: {message.splitlines()[0]}: this database role may not create or "
+            "use the fence_* tables; create them with 'celery -A yourapp fence migrate' (or your own "
+            "migrations, docs/alembic.md) as a role that may, and grant this one their use"
+        )
     return _translate_refusal(url, exc, message, code)
 
 

@@ -5,7 +5,8 @@ worker (threads pool: runs overlap) on every store that serves several processes
   else a FenceError naming the winner (review point 6); never PENDING for ever, also with
   ``fence_on_busy="ignore"``.
 - Two copies of one task id meet under a custom ``fence_key``: the copy is absorbed whatever
-  ``fence_on_busy`` says, and the caller never sees a failure (issue "recovery and outages", point 5).
+  ``fence_on_busy`` says, and the caller never sees a failure (issue "recovery and outages", point 5); it
+  looks at the key again soon, without spending ``max_retries`` (issue 15, point 10).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
 from celery import Celery
+from celery.signals import before_task_publish
 
 from celery_fence import FencedTask, LeaseHeld
 from celery_fence.runtime import runtime_for
@@ -141,3 +144,34 @@ def test_a_copy_of_the_same_task_id_is_absorbed_whatever_the_key_and_policy(
     gates.open("X")
     assert first.get(timeout=30) == "done by X" and first.state == "SUCCESS"
     assert [e.event for e in store.history("k:3")] == ["acquire", "complete"]
+
+
+def test_a_copy_of_a_running_task_id_looks_again_soon_without_spending_retries(
+    app: Celery, store: Any, gates: Gates
+) -> None:
+    """Issue 15, point 10: the copy is sent again after one renew interval (10 s of a 30 s ttl), not the
+    holder's whole remaining ttl, and with its retries unspent: with max_retries=0 it used to be dropped."""
+    keyed = app.tasks["endings.keyed"]
+    keyed.max_retries = 0
+    task_id = str(uuid.uuid4())
+    published: list[dict[str, Any]] = []
+
+    def on_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        if (headers or {}).get("id") == task_id:
+            published.append({**(headers or {}), "at": time.time()})
+
+    before_task_publish.connect(on_publish, weak=False)
+    try:
+        first = keyed.apply_async((4, "Y"), {"wait": True}, task_id=task_id)
+        until(lambda: "Y" in gates.entered, "the first copy in its body")
+        keyed.apply_async((4, "Y"), {"wait": True}, task_id=task_id)  # the broker's copy, same id
+        until(lambda: len(published) == 3, "the copy to be sent again")
+    finally:
+        before_task_publish.disconnect(on_publish)
+        keyed.max_retries = 3
+        gates.open("Y")
+    again = published[2]
+    assert again["retries"] == 0 and again["fence_looks"] == 1
+    countdown = datetime.fromisoformat(again["eta"]).timestamp() - again["at"]
+    assert 9.0 < countdown <= 10.0  # one renew interval; the holder's lease had about 30 s to run
+    assert first.get(timeout=30) == "done by Y"

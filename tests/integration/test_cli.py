@@ -117,6 +117,21 @@ def test_reading_a_store_that_does_not_exist_creates_nothing(cli: Cli) -> None:
     assert not (cli.workdir / "fence.db").exists()
 
 
+def test_without_an_app_a_missing_store_suggests_naming_one(cli: Cli) -> None:
+    """Issue 15, point 11: without -A, Celery's default app reads the default store URL, which is rarely
+    the app's; the error says so."""
+    env = {k: v for k, v in os.environ.items() if k not in ("APP", "CELERY_APP")}
+    env["PYTHONPATH"] = str(ROOT)
+    command = [str(CELERY), "fence", "leases"]
+    result = subprocess.run(
+        command, check=False, cwd=cli.workdir, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert f"no fence store at {cli.workdir / 'celery_fence.db'}" in result.stderr
+    assert "no app was named: run it as 'celery -A yourapp fence ...'" in result.stderr
+    assert "no app was named" not in cli("leases").stderr  # with -A the store is the app's own
+
+
 def test_leases_lists_live_keys_and_all_adds_finished_ones(cli: Cli, scenario: Scenario) -> None:
     live = cli("leases")
     assert live.returncode == 0, live.stderr
