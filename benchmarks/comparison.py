@@ -22,7 +22,6 @@ one run's effect committed. Waits are polls with deadlines; the stall itself is 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -39,6 +38,9 @@ from typing import Any, TypeVar
 
 import psycopg
 import redis
+
+from celery_fence.testing import Worker
+from celery_fence.testing import wait_for as kit_wait_for
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,13 +61,12 @@ CWD = Path(FENCE_SRC) if FENCE_SRC else ROOT
 
 
 def wait_for(condition: Callable[[], T], timeout: float, what: str = "") -> T | None:
-    """Poll ``condition()`` until truthy; ``None`` after ``timeout`` (a bound, not a measurement)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value or time.monotonic() > deadline:
-            return value or None
-        time.sleep(0.05)
+    """The fault kit's ``wait_for``, but ``None`` after ``timeout``: a peer that never gets there is a
+    finding of the comparison, not an error."""
+    try:
+        return kit_wait_for(condition, timeout, what or "the condition")
+    except AssertionError:
+        return None
 
 
 class Run:
@@ -101,38 +102,17 @@ class Run:
         return len(list(self.workdir.glob(f"{job}.*")))
 
 
-class Worker:
-    """A real ``celery worker`` in a process group of its own; stopped by its pid."""
-
-    def __init__(self, run: Run, name: str) -> None:
-        self.log = run.workdir / f"{run.lib}-{name}.log"
-        cmd = [
-            sys.executable, "-m", "celery", "-A", "benchmarks.comparison_app", "worker", "-P", "prefork",
-            "-c", "1", "-n", f"cmp-{run.lib}-{name}@%h", "-Q", run.queue, "-l", "INFO",
-            "--logfile", str(self.log), "--without-gossip", "--without-mingle", "--without-heartbeat",
-        ]  # fmt: skip
-        with open(run.workdir / f"{run.lib}-{name}.err", "wb") as err:
-            self.proc = subprocess.Popen(
-                cmd, env=run.env, cwd=CWD, start_new_session=True, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=err,
-            )  # fmt: skip
-        ready = wait_for(lambda: self.proc.poll() is not None or "ready." in self.text(), 90)
-        if not ready or self.proc.poll() is not None:
-            raise RuntimeError(f"worker {name} of {run.lib} did not start:\n{self.text()[-3000:]}")
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGCONT)  # a stopped child never sees the TERM
-            self.proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(20)
-        with contextlib.suppress(ProcessLookupError):  # what is left of our own group (a busy pool child)
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        if self.proc.poll() is None:
-            self.proc.wait(10)
+def start_worker(run: Run, name: str) -> Worker:
+    """One of a library's two workers: the fault kit's, prefork, one process."""
+    worker = Worker(
+        "benchmarks.comparison_app", f"cmp-{run.lib}-{name}", run.workdir, queues=run.queue,
+        env=run.env, cwd=CWD,
+    )  # fmt: skip
+    try:
+        return worker.start(90)
+    except AssertionError as exc:
+        worker.stop()
+        raise RuntimeError(f"worker {name} of {run.lib} did not start:\n{worker.log_text()[-3000:]}") from exc
 
 
 def connect(db: str = PG_DB) -> psycopg.Connection[Any]:
@@ -212,7 +192,7 @@ def run_library(lib: str, workdir: Path) -> dict[str, Any]:
     run = Run(lib, workdir)
     out: dict[str, Any] = {"lib": lib, "version": metadata.version(DISTS[lib])}
     try:
-        run.workers = [Worker(run, "a"), Worker(run, "b")]
+        run.workers = [start_worker(run, "a"), start_worker(run, "b")]
         out["stall"] = stall(run)
         out["kill-before-write"] = kill(run, "started")
         out["kill-after-write"] = kill(run, "wrote")

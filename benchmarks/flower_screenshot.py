@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from typing import Any
 
 import redis
 
-from celery_fence._faults import wait_for
+from celery_fence.testing import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "img"
@@ -38,12 +37,6 @@ CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 SRC = os.environ.get("FLOWER_SHOT_SRC")
 CWD = Path(SRC) if SRC else ROOT
 CELERY = [sys.executable, "-m", "celery", "-A", "benchmarks.flower_app"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get(url: str) -> Any:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,6 +25,8 @@ import redis
 import requests
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+
+from celery_fence.testing import free_port
 
 PG_URL = os.environ.get("FENCE_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/celery_fence_test")
 REDIS_URL = os.environ.get("FENCE_BENCH_REDIS", "redis://127.0.0.1:6379/11")
@@ -78,13 +79,6 @@ def drop_redis_keys(*patterns: str, url: str = REDIS_URL) -> int:
             for start in range(0, len(batch), 5000):
                 dropped += int(client.delete(*batch[start : start + 5000]))
     return dropped
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class _Server:

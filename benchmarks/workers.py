@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -16,6 +14,7 @@ from typing import Any
 import psycopg
 
 from celery_fence import StoreUnavailable
+from celery_fence import testing as kit
 
 DISTURBANCES = (
     "unavailable",
@@ -41,54 +40,51 @@ def retrying(call: Any, attempts: int = 5) -> Any:
 
 
 def wait_for(condition: Any, timeout: float, what: str, poll: float = 0.02) -> Any:
-    """Poll until ``condition()`` is truthy; fail after ``timeout`` (a bound, never a measurement)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = retrying(condition)
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(poll)
+    """The fault kit's ``wait_for``, each poll retried after a lost store connection (see ``retrying``)."""
+    return kit.wait_for(lambda: retrying(condition), timeout, what, interval=poll)
 
 
-class Worker:
-    """``celery -A benchmarks.bench_app worker -P prefork -c N -Q queue`` with ``env`` over os.environ."""
+class Worker(kit.Worker):
+    """``celery -A benchmarks.bench_app worker -P prefork -c N -Q queue``: the fault kit's worker, logging at
+    WARNING (a line per task would be measured too), so ready when the app's ``worker_ready`` hook writes its
+    file rather than when its log says ``ready.``; ``env`` over os.environ."""
 
     def __init__(
         self, name: str, env: dict[str, str], queue: str, concurrency: int = 2, wait: bool = True
     ) -> None:
-        self.name, self.env = name, env
         self.dir = Path(tempfile.mkdtemp(prefix=f"fence-bench-{name}-"))
-        self.log, self.ready = self.dir / "worker.log", self.dir / "ready"
-        cmd = [CELERY, "-A", "benchmarks.bench_app", "worker", "-P", "prefork", "-c", str(concurrency)]
-        cmd += ["-n", f"{name}@%h", "-Q", queue, "--without-gossip", "--without-mingle"]
-        cmd += ["--without-heartbeat", "-l", "WARNING", "--logfile", str(self.log)]
-        full_env = {**os.environ, **env, "FENCE_BENCH_READY": str(self.ready), "PYTHONPATH": str(ROOT)}
-        with open(self.dir / "worker.err", "wb") as err:
-            self.proc = subprocess.Popen(
-                cmd, env=full_env, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=err
-            )
-        if wait:
-            self.wait_ready()
+        self.ready_file = self.dir / "ready"
+        env = {**env, "FENCE_BENCH_READY": str(self.ready_file)}
+        super().__init__(
+            "benchmarks.bench_app", name, self.dir, queues=queue, concurrency=concurrency, env=env,
+            cwd=ROOT, loglevel="WARNING",
+        )  # fmt: skip
+        if not wait:  # waited for later with wait_ready (several workers starting at once)
+            self.launch()
+            return
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
 
     def wait_ready(self) -> Worker:
         try:
-            wait_for(self._ready, 60, f"worker {self.name} ready", poll=0.05)
+            kit.wait_for(self._ready, 60, f"worker {self.name} ready")
         except BaseException:
             self.stop()
             raise
         return self
 
     def _ready(self) -> bool:
-        if self.proc.poll() is not None:
+        if self.proc is not None and self.proc.poll() is not None:
             raise RuntimeError(f"worker {self.name} exited: {self.errors()}")
-        return self.ready.exists()
+        return self.ready_file.exists()
 
     def errors(self) -> str:
         """The worker's log lines at ERROR or worse, and its stderr (empty when all went well)."""
         text = ""
-        for path in (self.log, self.dir / "worker.err"):
+        for path in (self.log_path, self.err_path):
             if path.exists():
                 text += path.read_text(errors="replace")
         keep = ("ERROR", "CRITICAL", "Traceback", "Error:")
@@ -98,25 +94,14 @@ class Worker:
         """Log lines about a store or broker connection lost: the machine is shared, and another process may
         kill connections (a chaos test terminating every 'celery-fence' backend, say). A batch during which
         this count grows measured the disturbance, not the variant, and is run again."""
-        if not self.log.exists():
+        if not self.log_path.exists():
             return 0
-        text = self.log.read_text(errors="replace")
+        text = self.log_path.read_text(errors="replace")
         return sum(text.count(marker) for marker in DISTURBANCES)
 
-    def children(self) -> list[int]:
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True, check=False)
-        return [int(pid) for pid in out.stdout.split()]
-
-    def stop(self) -> None:
+    def stop(self, timeout: float = 20.0) -> None:
         """Stop the worker (TERM, then KILL) and remove its logs (kept with FENCE_BENCH_KEEP_LOGS=1)."""
-        if self.proc.poll() is None:
-            pgid = os.getpgid(self.proc.pid)
-            os.killpg(pgid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(pgid, signal.SIGKILL)
-                self.proc.wait(10)
+        super().stop(timeout)
         if os.environ.get("FENCE_BENCH_KEEP_LOGS") != "1":
             shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -16,14 +16,20 @@ from typing import Any, TypeVar
 
 from celery.app.utils import find_app
 
-__all__ = ["Worker", "wait_for"]
+__all__ = ["Worker", "free_port", "wait_for"]
 
 T = TypeVar("T")
 _QUIET = ("--without-gossip", "--without-mingle", "--without-heartbeat")
 
 
-def wait_for(condition: Callable[[], T | None], timeout: float = 30.0, what: str = "the condition") -> T:
-    """Poll ``condition()`` until it is truthy and return its value; ``AssertionError`` after ``timeout``.
+def wait_for(
+    condition: Callable[[], T | None],
+    timeout: float = 30.0,
+    what: str = "the condition",
+    interval: float = 0.05,
+) -> T:
+    """Poll ``condition()`` every ``interval`` seconds until it is truthy and return its value;
+    ``AssertionError`` after ``timeout``.
 
     ``timeout`` is a bound on a wait that normally ends much sooner, never a measurement.
     """
@@ -34,7 +40,15 @@ def wait_for(condition: Callable[[], T | None], timeout: float = 30.0, what: str
             return value
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago, for a server a test starts."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class Worker:
@@ -42,14 +56,17 @@ class Worker:
 
     Its log goes to ``<workdir>/<name>.log`` (stderr to ``<name>.err``); its node name is ``name`` plus a
     random suffix unless ``name`` has an ``@``. ``env`` is added to this process's environment, and ``cwd``
-    (default: the current directory) is put first on ``PYTHONPATH`` so the app imports. ``wrapper`` runs the
-    worker under another command, e.g. ``("faketime", "-f", "+300s")`` for a worker whose clock is skewed.
+    (default: the current directory) is put first on ``PYTHONPATH`` (then ``env``'s, else this process's)
+    so the app imports. ``wrapper`` runs the worker under another command, e.g. ``("faketime", "-f",
+    "+300s")`` for a worker whose clock is skewed. ``start`` waits for ``ready.`` in the log, which Celery
+    writes at ``INFO``: a subclass with a higher ``loglevel`` overrides ``_ready``.
     """
 
     def __init__(
         self, app_path: str, name: str, workdir: Path, *, queues: str | Sequence[str] | None = None,
         pool: str = "prefork", concurrency: int = 1, env: dict[str, str] | None = None,
         args: Sequence[str] = (), cwd: Path | None = None, app: Any = None, wrapper: Sequence[str] = (),
+        loglevel: str = "INFO",
     ) -> None:  # fmt: skip
         self.app_path, self.pool, self.cwd, self._app, self._env = app_path, pool, cwd, app, env or {}
         self.name = name.split("@", 1)[0]  # the random suffix: other test runs may share the broker
@@ -59,7 +76,7 @@ class Worker:
         self.command = [
             *wrapper, sys.executable, "-m", "celery", "-A", app_path,
             *("worker", "-P", pool, "-c", str(concurrency)),
-            *("-n", self.nodename, "-l", "INFO", "--logfile", str(self.log_path), *_QUIET),
+            *("-n", self.nodename, "-l", loglevel, "--logfile", str(self.log_path), *_QUIET),
             *queue_args, *args,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
@@ -80,15 +97,21 @@ class Worker:
 
     def start(self, timeout: float = 60.0) -> Worker:
         """Start the process and wait until its log says ``ready.``."""
+        self.launch()
+        wait_for(self._ready, timeout, f"worker {self.name} to log 'ready.'")
+        return self
+
+    def launch(self) -> Worker:
+        """Start the process without waiting for it (several workers starting at once)."""
         cwd = str(self.cwd or os.getcwd())
-        path = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH", "")) if p)
+        inherited = self._env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        path = os.pathsep.join(dict.fromkeys(p for p in (cwd, *inherited.split(os.pathsep)) if p))
         full_env = {**os.environ, **self._env, "PYTHONPATH": path}
         with open(self.err_path, "wb") as stderr:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
                 self.command, env=full_env, cwd=cwd, start_new_session=True,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
             )  # fmt: skip
-        wait_for(self._ready, timeout, f"worker {self.name} to log 'ready.'")
         return self
 
     def _ready(self) -> bool:

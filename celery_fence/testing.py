@@ -32,7 +32,7 @@ from __future__ import annotations
 import pytest
 
 from . import _pytest_plugin
-from ._faults import Worker, wait_for
+from ._faults import Worker, free_port, wait_for
 from ._indeterminate import Fault, IndeterminateStore, Outcome
 from ._inprocess import in_process_worker
 from ._kit import (
@@ -58,6 +58,7 @@ __all__ = [
     "WorkerFactory",
     "assert_history_clean",
     "committed",
+    "free_port",
     "in_process_worker",
     "kill_mid_run",
     "paused",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import signal
-import socket
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,13 +22,6 @@ from celery_fence import open_store
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import FakeClock
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def end_process(process: subprocess.Popen[bytes] | None, signum: int = signal.SIGTERM) -> None:

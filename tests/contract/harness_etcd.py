@@ -25,8 +25,9 @@ import requests
 
 from celery_fence.stores.etcd import EtcdStore
 from celery_fence.stores.etcd_gateway import delete
+from celery_fence.testing import free_port
 
-from .harness import Harness, end_process, free_port
+from .harness import Harness, end_process
 
 
 class EtcdServer:

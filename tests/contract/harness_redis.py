@@ -23,9 +23,10 @@ import pytest
 import redis
 
 from celery_fence import open_store
+from celery_fence.testing import free_port
 
 from ..conftest import require_server
-from .harness import Harness, end_process, free_port
+from .harness import Harness, end_process
 
 # Make every live lease of a prefix expire now: move its store-clock deadline 10,000 s into the past, in
 # the lease hash and in the index of leased keys alike.

@@ -20,8 +20,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from celery_fence.testing import free_port
+
 from ..conftest import require_server
-from .harness import end_process, free_port
+from .harness import end_process
 
 
 def _binaries() -> Path | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.contract.harness import free_port
+from celery_fence.testing import free_port
 
 from .conftest import Cluster
 from .fenced_app import record, sleeper

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.contract.harness import free_port
+from celery_fence.testing import free_port
 
 from .conftest import Cluster, on_every_store
 from .fenced_app import record
