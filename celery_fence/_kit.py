@@ -24,6 +24,8 @@ from ._faults import Worker, wait_for
 from ._indeterminate import ENV as STORE_FAULTS_ENV
 from ._indeterminate import Fault
 from ._proxy import Proxy
+from .errors import FenceError
+from .stores import capabilities_for
 from .stores.base import Store
 from .stores.urls import mask_url
 from .verify import verify_store
@@ -83,12 +85,14 @@ class StoreProxy(Proxy):
 
 def _host_port(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
-    defaults = {"postgresql": 5432, "postgres": 5432, "redis": 6379, "rediss": 6379, "etcd": 2379}
-    scheme = parts.scheme.split("+", 1)[0]
-    if scheme not in defaults or not parts.hostname:
+    try:
+        default = capabilities_for(url).default_port
+    except FenceError:  # not a store's URL
+        default = None
+    if default is None or not parts.hostname:
         shown = mask_url(url)
         raise ValueError(f"expected a postgresql://, redis:// or etcd:// URL with a host, got {shown!r}")
-    return parts.hostname, parts.port or defaults[scheme]
+    return parts.hostname, parts.port or default
 
 
 # -- faults --

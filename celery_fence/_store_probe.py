@@ -10,47 +10,18 @@ as the worker is.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from .config import FenceConfig
-from .errors import ConfigurationError, StoreUnavailable
-from .stores import open_store, scheme_of
+from .errors import StoreUnavailable
+from .stores import check_store_url, open_store
 from .stores.urls import mask_url
 from .stores.waits import ADMIN_LOCK_WAIT, lock_wait
 
-__all__ = ["PROBE_KEY", "check_sqlite_directory", "probe_store", "sqlite_file"]
+__all__ = ["PROBE_KEY", "probe_store"]
 
 log = logging.getLogger(__name__)
 
 PROBE_KEY = "celery-fence:startup-probe"  # never acquired: reading it changes nothing
-
-
-def sqlite_file(url: str) -> Path | None:
-    """The file a ``sqlite://`` URL names; ``None`` for another store, a ``file:`` URI, or a URL the store
-    refuses itself (malformed)."""
-    if scheme_of(url)[0] != "sqlite":
-        return None
-    from sqlalchemy.engine import make_url  # SQLAlchemy: only for a SQLite store
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        database = make_url(url).database
-    except (ArgumentError, ValueError):  # a bad port is a ValueError
-        return None
-    return Path(database) if database and not database.startswith("file:") else None
-
-
-def check_sqlite_directory(url: str) -> None:
-    """SQLite creates a missing file but not its directory; the driver then says only "unable to open
-    database file", and a run takes that for an outage and waits."""
-    path = sqlite_file(url)
-    if path is None or path.parent.is_dir():
-        return
-    raise ConfigurationError(
-        f"fence_store_url {mask_url(url)!r}: the directory {path.parent.resolve()} does not exist, so "
-        f"SQLite cannot create {path.name} in it; create the directory, or point fence_store_url at one "
-        f"that exists (a relative path is relative to the worker's current directory, {Path.cwd()})"
-    )
 
 
 def probe_store(config: FenceConfig) -> list[str]:
@@ -60,7 +31,7 @@ def probe_store(config: FenceConfig) -> list[str]:
     made, or refused. Returns the warnings; raises ``ConfigurationError`` for what cannot work.
     """
     url = config.store_url
-    check_sqlite_directory(url)
+    check_store_url(url)  # what the store refuses without a round trip (SQLite: a missing directory)
     store = open_store(url)
     try:
         with lock_wait(ADMIN_LOCK_WAIT):  # never wait long behind another process's SQLite transaction

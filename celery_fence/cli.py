@@ -18,14 +18,13 @@ from typing import Any
 
 import click
 
-from ._store_probe import sqlite_file
 from .bootstep import WORKER_OPTIONS
 from .config import check_prune_age
 from .errors import FenceError
 from .lease import LeaseState
 from .recovery import load_tasks, recover_abandoned
 from .runtime import runtime_for
-from .stores import Store
+from .stores import Store, capabilities_for
 from .stores.urls import mask_url
 from .stores.waits import ADMIN_LOCK_WAIT, lock_wait
 from .verify import read_store, verify
@@ -52,7 +51,7 @@ def _store(ctx: click.Context, *, must_exist: bool = True) -> Iterator[Store]:
     try:
         runtime = runtime_for(app)
         if must_exist:
-            _refuse_missing_sqlite(ctx, runtime.config.store_url)
+            _refuse_missing_file(ctx, runtime.config.store_url)
         try:
             with lock_wait(ADMIN_LOCK_WAIT):  # never hang behind a stopped process's transaction
                 yield runtime.store
@@ -62,9 +61,9 @@ def _store(ctx: click.Context, *, must_exist: bool = True) -> Iterator[Store]:
         raise FenceCommandError(str(exc)) from exc
 
 
-def _refuse_missing_sqlite(ctx: click.Context, url: str) -> None:
-    """Reading a SQLite path that does not exist would create an empty store and report nothing."""
-    path = sqlite_file(url)
+def _refuse_missing_file(ctx: click.Context, url: str) -> None:
+    """Reading a store file (SQLite's) that does not exist would create an empty store and report nothing."""
+    path = capabilities_for(url).local_file
     if path is None or path.exists():
         return
     # Without -A (or CELERY_APP) Celery hands over its default app, which reads the default store URL.

@@ -12,7 +12,8 @@ from typing import Any, Protocol, TypeVar
 from . import codec
 from .errors import ConfigurationError, LeaseLost, StoreUnavailable
 from .lease import Lease
-from .stores.base import FencedConnectionStore, Store
+from .stores.base import Store
+from .stores.capabilities import capabilities_of
 
 __all__ = ["Fence", "Heartbeat"]
 
@@ -175,7 +176,7 @@ class Fence:
         return value
 
     def _sql_store(self) -> Any:
-        if not isinstance(self.store, FencedConnectionStore):
+        if not capabilities_of(self.store).transactions:
             raise ConfigurationError(
                 f"this needs a SQL lease store, not {self.store.url.split('://')[0]}://; "
                 "use celery_fence.fenced_update(conn, table, values, where, self.fence.token) on your own "

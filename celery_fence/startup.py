@@ -15,14 +15,11 @@ from ._task_checks import Acks, acks_warnings, task_warnings
 from .config import FenceConfig
 from .errors import ConfigurationError
 from .lease import LeasePolicy
-from .stores import check_store_url, scheme_of
+from .stores import Capabilities, capabilities_for, check_store_url
 
 __all__ = ["check_settings", "check_worker_at_start", "stop_worker"]
 
 log = logging.getLogger(__name__)
-
-ETCD_MIN_TTL = 2  # etcd leases are whole seconds, at least this
-
 
 def check_settings(
     conf: Mapping[str, Any], pool: str = "prefork", tasks: Sequence[Any] | None = None
@@ -35,10 +32,10 @@ def check_settings(
     config = FenceConfig.from_conf(conf)
     check_store_url(config.store_url)  # an unknown scheme or a missing driver stops the worker too
     ttl, warnings = config.policy.ttl, unknown_settings(conf)
-    if scheme_of(config.store_url)[0] == "etcd" and (ttl < ETCD_MIN_TTL or ttl != int(ttl)):
-        warnings.append(f"fence_lease_ttl={ttl}: etcd leases are whole seconds, at least 2; rounded up")
-    if scheme_of(config.store_url)[0] == "sqlite":
-        warnings += _sqlite_lock_warning(config.policy, conf.get("fence_renew_interval"))
+    store = capabilities_for(config.store_url)
+    warnings += [w for w in [store.ttl_warning(ttl)] if w]
+    if store.write_lock_wait is not None:
+        warnings += _lock_warning(store, config.policy, conf.get("fence_renew_interval"))
     visibility = (conf.get("broker_transport_options") or {}).get("visibility_timeout")
     if visibility is not None and visibility < ttl:
         warnings.append(
@@ -60,21 +57,19 @@ def check_settings(
     return warnings
 
 
-def _sqlite_lock_warning(policy: LeasePolicy, interval: float | None) -> list[str]:
-    """A renew waits for SQLite's write lock only as long as it can still land before the lease's local
-    deadline (``LeasePolicy.renew_slack``); any other write waits up to the busy timeout. Below it, a
-    transaction the store tolerates (another process's, up to the busy timeout) costs healthy leases."""
-    from .stores.sql_engine import SessionLimits  # SQLAlchemy: only for a SQLite store
-
-    busy, slack = SessionLimits().lock, policy.renew_slack
+def _lock_warning(store: Capabilities, policy: LeasePolicy, interval: float | None) -> list[str]:
+    """A renew waits for the store's one write lock (SQLite's) only as long as it can still land before
+    the lease's local deadline (``LeasePolicy.renew_slack``); any other write waits up to the store's lock
+    wait. Below it, a transaction the store tolerates (another process's) costs healthy leases."""
+    busy, slack = store.write_lock_wait or 0.0, policy.renew_slack
     if slack >= busy:
         return []
     start = math.ceil(policy.ttl)
     enough = next(t for t in itertools.count(start) if LeasePolicy(t, interval).renew_slack >= busy)
     return [
         f"fence_lease_ttl={policy.ttl}s with a renew every {policy.interval:.1f}s leaves a renew "
-        f"{slack:.2f}s to wait for SQLite's write lock before the lease's local deadline (0.85 x ttl - "
-        f"interval), less than SQLite's busy timeout ({busy:.0f}s), for which any write waits: another "
+        f"{slack:.2f}s to wait for {store.name}'s write lock before the lease's local deadline (0.85 x ttl - "
+        f"interval), less than {store.name}'s busy timeout ({busy:.0f}s), for which any write waits: another "
         "process's transaction that holds the lock that long (a slow task's fenced transaction, a stopped "
         f"worker) makes healthy leases count as lost; raise fence_lease_ttl to {enough}s or more"
     ]

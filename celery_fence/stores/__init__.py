@@ -14,9 +14,20 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from .base import FencedConnectionStore, Store
+from .capabilities import Capabilities, capabilities_of
 from .urls import mask_url
 
-__all__ = ["DEFAULT_STORE_URL", "FencedConnectionStore", "Store", "check_store_url", "open_store"]
+__all__ = [
+    "DEFAULT_STORE_URL",
+    "Capabilities",
+    "FencedConnectionStore",
+    "Store",
+    "capabilities_for",
+    "capabilities_of",
+    "check_store_url",
+    "open_store",
+    "store_class",
+]
 
 DEFAULT_STORE_URL = "sqlite:///celery_fence.db"
 
@@ -60,30 +71,36 @@ def scheme_of(url: object) -> tuple[str, str | None]:
 
 def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> Store:
     """Open the store named by ``url``. Refuses an unknown scheme or a missing extra at once."""
+    store: Store = store_class(url)(url, **options)
+    return store
+
+
+def store_class(url: object) -> Any:
+    """The class that opens ``url``: a built-in store, or one registered under the ``celery_fence.stores``
+    entry point group. Refuses a malformed URL, an unknown scheme or a missing driver, without I/O."""
     base, driver = scheme_of(url)
     builtin = _BUILTIN.get(base)
     if builtin is None:
-        return _from_entry_point(base, url, options)
+        return _from_entry_point(base, str(url))
     _require_driver(base, driver, builtin)
     module_name, _, cls_name = builtin.target.partition(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    store: Store = cls(url, **options)
-    return store
+    return getattr(importlib.import_module(module_name), cls_name)
 
 
 def check_store_url(url: object) -> None:
     """Refuse, without connecting, what ``open_store(url)`` would refuse before its first round trip: a
-    malformed URL, an unknown scheme, a missing driver (the worker's startup check calls it)."""
-    base, driver = scheme_of(url)
-    builtin = _BUILTIN.get(base)
-    if builtin is not None:
-        _require_driver(base, driver, builtin)
-        if builtin.target.startswith("celery_fence.stores.sql:"):
-            from .sql_engine import check_sql_url  # SQLAlchemy: only for a SQL store
+    malformed URL, an unknown scheme, a missing driver, and what the store's own ``check_url`` refuses
+    (the worker's startup check calls it)."""
+    check = getattr(store_class(url), "check_url", None)
+    if check is not None:
+        check(str(url))
 
-            check_sql_url(str(url))
-    elif not any(ep.name == base for ep in entry_points(group="celery_fence.stores")):
-        raise _unknown_scheme(base, str(url))
+
+def capabilities_for(url: str) -> Capabilities:
+    """What the store ``url`` names declares, known before connecting (:mod:`.capabilities`)."""
+    cls = store_class(url)
+    declare = getattr(cls, "capabilities_for", None)
+    return declare(url) if declare is not None else capabilities_of(cls)
 
 
 def _require_driver(base: str, driver: str | None, builtin: _Builtin) -> None:
@@ -96,11 +113,10 @@ def _require_driver(base: str, driver: str | None, builtin: _Builtin) -> None:
         raise ConfigurationError(f"the {base!r} store needs the {module!r} package: {fix}")
 
 
-def _from_entry_point(base: str, url: str, options: dict[str, Any]) -> Store:
+def _from_entry_point(base: str, url: str) -> Any:
     for ep in entry_points(group="celery_fence.stores"):
         if ep.name == base:
-            store: Store = ep.load()(url, **options)
-            return store
+            return ep.load()
     raise _unknown_scheme(base, url)
 
 

@@ -58,6 +58,7 @@ class EtcdStore:
     # etcd refuses a request over --max-request-bytes (1.5 MiB by default): a record (the result with its
     # token, a step value, the run's record with its owner) is kept to 1 MiB, the rest of a Txn fits beside.
     max_value_bytes = 1024 * 1024
+    capabilities = etcd.CAPABILITIES
 
     def __init__(self, url: str, prefix: str | None = None, timeout: tuple[float, float] = _TIMEOUT) -> None:
         netloc, self.prefix = etcd.parse_url(url, prefix)

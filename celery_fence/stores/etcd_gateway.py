@@ -25,6 +25,7 @@ import requests
 
 from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable
 from ..lease import Lease
+from .capabilities import Capabilities
 from .urls import mask_url
 
 __all__ = ["KV", "Epochs", "Gateway", "LeaseNotFound", "ProcessLeases", "TxnResult", "parse_url"]
@@ -228,9 +229,13 @@ class Epochs:
         return next((token - off for start, off in epochs if token - off > start), token)
 
 
+MIN_LEASE = 2  # seconds: etcd's shortest lease
+CAPABILITIES = Capabilities(name="etcd", min_ttl=MIN_LEASE, whole_second_ttl=True, default_port=2379)
+
+
 def lease_seconds(ttl: float) -> int:
     """etcd leases are whole seconds, at least 2: a ttl is rounded up."""
-    return max(2, math.ceil(ttl))
+    return max(MIN_LEASE, math.ceil(ttl))
 
 
 class ProcessLeases:

@@ -23,6 +23,7 @@ from ..lease import (
     validate_key,
     validate_ttl,
 )
+from .capabilities import Capabilities
 from .memory_rows import Row, is_abandoned, lease_state
 from .validation import (
     check_abandoned,
@@ -45,6 +46,7 @@ class MemoryStore:
     """Reference implementation of :class:`celery_fence.stores.base.Store`."""
 
     max_value_bytes = codec.MAX_VALUE_BYTES
+    capabilities = Capabilities(name="memory")
 
     def __init__(self, url: str = "memory://", clock: Callable[[], float] = time.time) -> None:
         self.url = url

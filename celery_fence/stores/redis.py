@@ -33,6 +33,7 @@ from redis.retry import Retry
 
 from .. import codec, errors
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from .capabilities import Capabilities
 from .liveness import idle_socket_is_readable
 from .redis_boundary import split_url, translated
 from .redis_rows import chunks, history_events, lease_state, raise_stale, to_ms, who
@@ -68,6 +69,7 @@ class RedisStore:
     """Lease store on one Redis primary; see :class:`celery_fence.stores.base.Store`."""
 
     max_value_bytes = codec.MAX_VALUE_BYTES  # far below a Redis string's 512 MB
+    capabilities = Capabilities(name="Redis", default_port=6379)
 
     def __init__(self, url: str, prefix: str | None = None, timeout: float = 5.0) -> None:
         self.url = url

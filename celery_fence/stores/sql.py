@@ -27,6 +27,7 @@ from .sql_engine import (
     safe_url,
     translate_errors,
 )
+from .sql_files import check_sql_store_url, sql_capabilities
 from .sql_queries import queries_for
 from .sql_recovery import SQLRecovery
 from .sql_rows import lease_state, renew_params
@@ -53,9 +54,11 @@ class SQLStore(SQLRecovery):
     """Lease store on PostgreSQL or SQLite; see :class:`celery_fence.stores.base.Store`."""
 
     max_value_bytes = codec.MAX_VALUE_BYTES  # far below a TEXT value's limit on either database
+    capabilities_for = staticmethod(sql_capabilities)
+    check_url = staticmethod(check_sql_store_url)
 
     def __init__(self, url: str, limits: SessionLimits | None = None) -> None:
-        self.url = url
+        self.url, self.capabilities = url, sql_capabilities(url)
         limits = self.limits = limits or SessionLimits()
         self.engine = create_store_engine(url, limits)  # explicit transactions
         self.autocommit_engine = create_store_engine(url, limits, autocommit=True)
