@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._process import forget_in_child
 from .errors import ConfigurationError, InvalidArgument
 
 __all__ = [
@@ -150,23 +151,26 @@ def new_owner() -> str:
 class OwnerNames:
     """Owner names for one process: ``hostname:pid:<random>-<n>``, unique per acquisition.
 
-    The prefix (``gethostname()`` and 48 random bits) is made once per process and a counter tells the
-    acquisitions apart, instead of a ``uuid4()`` per run. A forked child sees another pid and starts a
-    prefix of its own, so no name is ever shared across a fork. Thread-safe: each call reads one
-    ``(pid, prefix, counter)`` tuple, and ``next()`` of an ``itertools.count`` is atomic.
+    The prefix (``gethostname()``, the pid and 48 random bits) is made once per process and a counter
+    tells the acquisitions apart, instead of a ``uuid4()`` per run. A forked child makes a prefix of its
+    own (``forget_after_fork``), so no name is ever shared across a fork. Thread-safe: each call reads one
+    ``(prefix, counter)`` tuple, and ``next()`` of an ``itertools.count`` is atomic.
     """
 
     def __init__(self) -> None:
-        self._current: tuple[int, str, itertools.count[int]] = (-1, "", itertools.count())
+        self._current = self._fresh()
+        forget_in_child(self)
 
     def __call__(self) -> str:
-        pid, prefix, counter = self._current
-        if pid != os.getpid():
-            pid = os.getpid()
-            prefix = f"{socket.gethostname()}:{pid}:{secrets.token_hex(6)}-"
-            counter = itertools.count(1)
-            self._current = (pid, prefix, counter)
+        prefix, counter = self._current
         return f"{prefix}{next(counter)}"
+
+    def forget_after_fork(self) -> None:
+        self._current = self._fresh()
+
+    @staticmethod
+    def _fresh() -> tuple[str, itertools.count[int]]:
+        return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}-", itertools.count(1)
 
 
 @dataclass(frozen=True)

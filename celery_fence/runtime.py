@@ -2,16 +2,17 @@
 records it owes its store (:mod:`celery_fence.owed`).
 
 Tied to the app, created lazily in the process that runs tasks (a prefork child after fork, never the
-parent), and re-created when the process id changes, so no client is ever shared across a fork.
+parent); a forked child drops its parent's (:mod:`celery_fence._process`), so no client is ever shared
+across a fork.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
 from ._indeterminate import IndeterminateStore, faults_from_env
+from ._process import forget_in_child
 from .config import FenceConfig
 from .interrupt import Interrupter
 from .lease import OwnerNames
@@ -28,7 +29,6 @@ _CREATE = threading.Lock()  # serialises first creation on the threads pool; hol
 class FenceRuntime:
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.pid = os.getpid()
         self.config = FenceConfig.from_conf(app.conf)
         # Read once per process, not once per run: the settings are final by the time a task runs.
         self.task_events = self.config.send_events and bool(app.conf.worker_send_task_events)
@@ -38,6 +38,13 @@ class FenceRuntime:
         self._lock = threading.Lock()
         self.interrupter = Interrupter()
         self.owed = OwedRecords()  # records of runs that gave up while the store was unavailable
+        forget_in_child(self)
+
+    def forget_after_fork(self) -> None:
+        """A forked child makes its own runtime on first use: this one's store, renewer thread and owed
+        records are the parent's (the store forgets its connections itself)."""
+        if self.app.__dict__.get(_ATTR) is self:
+            del self.app.__dict__[_ATTR]
 
     @property
     def store(self) -> Store:
@@ -78,13 +85,13 @@ def _with_injected_faults(store: Store) -> Store:
 
 
 def runtime_for(app: Any) -> FenceRuntime:
-    """This process's runtime for ``app``; a forked child gets its own on first use."""
+    """This process's runtime for ``app``; a forked child makes its own on first use."""
     runtime: FenceRuntime | None = app.__dict__.get(_ATTR)
-    if runtime is not None and runtime.pid == os.getpid():
+    if runtime is not None:
         return runtime
     with _CREATE:
         runtime = app.__dict__.get(_ATTR)
-        if runtime is None or runtime.pid != os.getpid():
+        if runtime is None:
             runtime = FenceRuntime(app)
             setattr(app, _ATTR, runtime)
         return runtime
@@ -94,5 +101,5 @@ def settle_at_exit(app: Any) -> None:
     """A worker process ends: settle what its runtime for ``app`` owes (none made: nothing owed). The
     runtime stays open: its owner closes it, if anyone does."""
     runtime: FenceRuntime | None = app.__dict__.get(_ATTR)
-    if runtime is not None and runtime.pid == os.getpid():
+    if runtime is not None:
         runtime.settle()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
-import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -32,6 +31,7 @@ from redis.commands.core import Script
 from redis.retry import Retry
 
 from .. import codec, errors
+from .._process import forget_in_child
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from .capabilities import Capabilities
 from .liveness import idle_socket_is_readable
@@ -70,6 +70,10 @@ class RedisStore:
 
     max_value_bytes = codec.MAX_VALUE_BYTES  # far below a Redis string's 512 MB
     capabilities = Capabilities(name="Redis", default_port=6379)
+    _client: redis.Redis | None
+    _held: redis.Redis | None  # one connection of the client's pool, kept for scripts
+    _held_lock: threading.Lock
+    _scripts: dict[str, Script]
 
     def __init__(self, url: str, prefix: str | None = None, timeout: float = 5.0) -> None:
         self.url = url
@@ -80,11 +84,8 @@ class RedisStore:
         if not isinstance(self.prefix, str) or not self.prefix or "{" in self.prefix:
             raise errors.ConfigurationError(f"a key prefix is a str, not empty, no '{{': {prefix!r}")
         self._timeout = timeout
-        self._client: redis.Redis | None = None
-        self._held: redis.Redis | None = None  # one connection of the client's pool, kept for scripts
-        self._held_lock = threading.Lock()
-        self._scripts: dict[str, Script] = {}
-        self._pid = 0
+        self.forget_after_fork()  # no client yet: each process makes its own on first use
+        forget_in_child(self)
         self._events, self._counter, self._high, self._live, self._index, self._done, self._pruned = (
             f"{self.prefix}{name}" for name in ("events", "counter", "high", "live", "keys", "done", "pruned")
         )
@@ -224,11 +225,16 @@ class RedisStore:
 
     def close(self) -> None:
         clients, self._client, self._held, self._scripts = (self._held, self._client), None, None, {}
-        if self._pid == os.getpid():  # after a fork: the parent's, leave them
-            with translated(self.url):
-                for client in clients:
-                    if client is not None:
-                        client.close()
+        with translated(self.url):
+            for client in clients:
+                if client is not None:
+                    client.close()
+
+    def forget_after_fork(self) -> None:
+        """Drop the client (in a forked child: the parent's, left open for it); the next call makes one."""
+        self._client = self._held = None
+        self._held_lock = threading.Lock()  # a fork may inherit it held
+        self._scripts = {}
 
     def _k(self, kind: str, key: str) -> str:  # the {key} hash tag keeps a key's data in one slot
         return f"{self.prefix}{kind}:{{{key}}}"
@@ -241,11 +247,9 @@ class RedisStore:
     def _io(self) -> Iterator[redis.Redis]:
         """This process's client (made again after a fork), inside the one boundary of error translation."""
         with translated(self.url):
-            if self._client is None or self._pid != os.getpid():
+            if self._client is None:
                 timeouts = {"socket_timeout": self._timeout, "socket_connect_timeout": self._timeout}
                 self._client = redis.Redis.from_url(self._target, **timeouts, **_OPTIONS)
-                self._held, self._held_lock = None, threading.Lock()  # a fork may inherit it held
-                self._scripts, self._pid = {}, os.getpid()
             yield self._client
 
     def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:

@@ -9,7 +9,6 @@ Multi-statement work (fenced transactions, steps, refusals) runs in one short ex
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from .. import codec
+from .._process import forget_in_child
 from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
 from ..lease import HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from .sql_driver import DriverStatements
@@ -66,7 +66,7 @@ class SQLStore(SQLRecovery):
         self.q = queries_for(self.dialect)
         self._driver = DriverStatements(self.autocommit_engine, self.q)
         self._schema_ready = False
-        self._pid = os.getpid()
+        forget_in_child(self)
 
     # -- schema --
 
@@ -265,9 +265,15 @@ class SQLStore(SQLRecovery):
 
     def close(self) -> None:
         self._driver.close()
-        here = self._pid == os.getpid()  # in a forked child, the pools also hold the parent's connections
-        self.engine.dispose(close=here)
-        self.autocommit_engine.dispose(close=here)
+        self.engine.dispose()
+        self.autocommit_engine.dispose()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: new, empty pools, the parent's connections dropped without being closed
+        (closing would end the parent's sessions); SQLAlchemy's recipe for ``fork``."""
+        self._driver.forget_after_fork()
+        self.engine.dispose(close=False)
+        self.autocommit_engine.dispose(close=False)
 
     # -- internals --
 

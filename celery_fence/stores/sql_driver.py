@@ -13,7 +13,6 @@ the ``DBAPIError`` SQLAlchemy itself would raise, so ``translate_errors`` maps i
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -52,15 +51,12 @@ class DriverStatements:
         self._compiled = {name: _compile(getattr(queries, name), engine.dialect) for name in HOT}
         self._held: tuple[PoolProxiedConnection, DBAPICursor] | None = None
         self._held_lock = threading.Lock()
-        self._pid = os.getpid()
         self._sqlite = engine.dialect.name == "sqlite"
 
     def rows(self, name: str, params: Mapping[str, Any]) -> Sequence[Any]:
         """Run statement ``name`` and return its rows (tuples)."""
         compiled = self._compiled[name]
         args = params if compiled.order is None else tuple(params[n] for n in compiled.order)
-        if self._pid != os.getpid():  # forked: the held connection (and its lock's state) is the parent's
-            self._held, self._held_lock, self._pid = None, threading.Lock(), os.getpid()
         if self._held_lock.acquire(blocking=False):
             try:
                 conn, cursor = self._held_connection()
@@ -77,11 +73,13 @@ class DriverStatements:
         finally:
             conn.close()  # back to the pool (autocommit: nothing to reset)
 
+    def forget_after_fork(self) -> None:
+        """In a forked child (its store calls this): the held connection, and its lock's state, are the
+        parent's; dropped, not closed."""
+        self._held, self._held_lock = None, threading.Lock()
+
     def close(self) -> None:
         """Give the held connection back to the pool (before the engine is disposed)."""
-        if self._pid != os.getpid():  # forked and never used here: the parent's, leave it
-            self._held = None
-            return
         with self._held_lock:
             if self._held is not None:
                 self._held[0].close()

@@ -14,7 +14,6 @@ with ``BEGIN IMMEDIATE`` (a deferred transaction that reads then writes fails wi
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +26,6 @@ from sqlalchemy.exc import (
     ArgumentError,
     DataError,
     DBAPIError,
-    DisconnectionError,
     IntegrityError,
     InvalidatePoolError,
     NoSuchModuleError,
@@ -89,32 +87,14 @@ def create_store_engine(url: str, limits: SessionLimits, autocommit: bool = Fals
     parsed = check_sql_url(url)
     try:
         if parsed.get_backend_name() == "sqlite":
-            return _private_to_each_process(_sqlite_engine(parsed, limits, autocommit))
+            return _sqlite_engine(parsed, limits, autocommit)
         if parsed.drivername in {"postgresql", "postgres"}:
             parsed = parsed.set(drivername="postgresql+psycopg")
-        return _private_to_each_process(_postgres_engine(parsed, limits, autocommit))
+        return _postgres_engine(parsed, limits, autocommit)
     except (NoSuchModuleError, ImportError) as exc:
         raise ConfigurationError(
             f"cannot load the driver for {mask_url(url)!r} ({exc}): pip install 'celery-fence[postgres]'"
         ) from exc
-
-
-def _private_to_each_process(engine: Engine) -> Engine:
-    """A pooled connection made in another process (a store used across ``fork``) is never handed out:
-    two processes writing on one socket would mix their statements and replies. It is dropped without
-    being closed (closing would end the parent's session) and a new one is made (SQLAlchemy's recipe)."""
-
-    @event.listens_for(engine, "connect")
-    def _remember_pid(_dbapi_conn: Any, record: Any) -> None:
-        record.info["pid"] = os.getpid()
-
-    @event.listens_for(engine, "checkout", insert=True)  # before any check that would touch the socket
-    def _refuse_other_pids(_dbapi_conn: Any, record: Any, proxy: Any) -> None:
-        if record.info.get("pid") != os.getpid():
-            record.dbapi_connection = proxy.dbapi_connection = None
-            raise DisconnectionError("a connection of another process (made before fork)")
-
-    return engine
 
 
 def _pool_options(autocommit: bool) -> dict[str, Any]:
