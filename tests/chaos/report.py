@@ -18,7 +18,7 @@ HEADER = """# Reliability: the fault soak
 
 Every row is one fault on one lease store, on real `celery worker` processes (prefork, Redis broker,
 `acks_late`, `task_reject_on_worker_lost`), produced by `make soak` (the chaos suite with
-`FENCE_SOAK_RUNS` faulted runs per fault and store; CI runs the same suite with 20). Each case ends with
+`FENCE_SOAK_RUNS` faulted runs per fault and store; CI runs the same suite with 10). Each case ends with
 the same checks: every key finished (no task lost), exactly one ledger row and one completion per key,
 and `celery fence verify` clean. `refused` counts stale writes the store rejected; `duplicates absorbed`
 counts deliveries answered without running the body (already done, or held by a copy of the same id).

@@ -1,6 +1,6 @@
 """The fault matrix: each fault, on each store it applies to, on real ``celery worker`` processes.
 
-Every case runs ``FENCE_SOAK_RUNS`` faulted runs (20 in CI; ``make soak`` runs 1,000) in batches of
+Every case runs ``FENCE_SOAK_RUNS`` faulted runs (10 in CI; ``make soak`` runs 1,000) in batches of
 ``BATCH`` (``FENCE_SOAK_BATCH``; one run per pool process), then checks the same invariants
 (checks.settle_and_check).
 """
