@@ -5,7 +5,7 @@
   every ``commit``/``rollback`` that actually has a transaction to end; SQLite: every ``sqlite3`` cursor
   ``execute``/``executemany`` (in-process: statements, not network round trips);
 - Redis: every command written to a socket of the store's server (``Connection.send_packed_command``);
-- etcd: every HTTP request sent to the store's endpoint (``requests.Session.send``).
+- etcd: every HTTP request sent to the store's endpoint (``EtcdConnection.request``, resends included).
 
 After each task, the process writes ``<dir>/<pid>.json``: ``{"tasks": n, "total": n, "by_kind": {...}}``.
 """
@@ -109,17 +109,16 @@ def _install_redis(port: int) -> None:
 
 
 def _install_etcd(netloc: str) -> None:
-    import requests
+    from celery_fence.stores.etcd_http import EtcdConnection
 
-    original = requests.Session.send
+    original = EtcdConnection.request
 
-    def counting(self: Any, request: Any, **kwargs: Any) -> Any:
-        parts = urlsplit(request.url)
-        if parts.netloc == netloc:
-            _count(f"etcd {parts.path}")
-        return original(self, request, **kwargs)
+    def counting(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> None:
+        if f"{self.host}:{self.port}" == netloc:
+            _count(f"etcd {url}")
+        original(self, method, url, *args, **kwargs)
 
-    requests.Session.send = counting  # type: ignore[method-assign]
+    EtcdConnection.request = counting  # type: ignore[method-assign]
 
 
 def count_round_trips(store_url: str) -> Counter[str]:

@@ -14,7 +14,7 @@ import psycopg
 
 from .services import ETCD_BIN, REDIS_URL, libpq_dsn, redis_client
 
-PACKAGES = ("celery", "kombu", "SQLAlchemy", "psycopg", "redis", "requests", "celery-once", "fencekit")
+PACKAGES = ("celery", "kombu", "SQLAlchemy", "psycopg", "redis", "celery-once", "fencekit")
 
 
 def _cpu_model() -> str:

@@ -11,18 +11,19 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-import requests
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -142,8 +143,9 @@ class EtcdServer(_Server):
         return [*args, "--initial-cluster", f"bench={peer}", "--log-level", "warn"]
 
     def healthy(self) -> bool:
-        with contextlib.suppress(requests.RequestException, ValueError):
-            return bool(requests.get(f"{self.client_url}/health", timeout=1).json().get("health") == "true")
+        health = f"{self.client_url}/health"
+        with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(health, timeout=1) as answer:
+            return bool(json.load(answer).get("health") == "true")
         return False
 
 
@@ -191,7 +193,9 @@ def etcd_metric(store_url: str, name: str, **labels: str) -> float:
     """Sum of a Prometheus counter on the /metrics of the etcd behind ``etcd://host:port/...``."""
     netloc = store_url.split("://", 1)[1].split("/", 1)[0]
     total = 0.0
-    for line in requests.get(f"http://{netloc}/metrics", timeout=5).text.splitlines():
+    with urllib.request.urlopen(f"http://{netloc}/metrics", timeout=5) as answer:
+        metrics = answer.read().decode()
+    for line in metrics.splitlines():
         if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total

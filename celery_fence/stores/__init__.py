@@ -46,7 +46,7 @@ _BUILTIN = {
     "postgres": _Builtin("celery_fence.stores.sql:SQLStore", "postgres", "psycopg"),
     "redis": _Builtin("celery_fence.stores.redis:RedisStore", "redis", "redis"),
     "rediss": _Builtin("celery_fence.stores.redis:RedisStore", "redis", "redis"),
-    "etcd": _Builtin("celery_fence.stores.etcd:EtcdStore", "etcd", "requests"),
+    "etcd": _Builtin("celery_fence.stores.etcd:EtcdStore"),  # the standard library's http.client
 }
 
 _DRIVER_SUFFIX_MODULES = {

@@ -15,7 +15,8 @@ overdue ones at its next acquire or renew; a lease is renewed by the process tha
 order when read: the order is the store's, ``at`` is for people; ``prune`` and ``abandoned`` trust wall
 clocks too. A snapshot restore without ``--bump-revision`` (etcd 3.4 has none) rewinds revisions, hence
 tokens: run ``advance`` with a gap above the lost revisions before workers start. Debian's etcd 3.4.23
-predates the fix for etcd #17780 (revision decrease). Plain HTTP to one endpoint: no TLS, auth or failover.
+predates the fix for etcd #17780 (revision decrease). Plain HTTP to one endpoint: no TLS, auth or failover;
+keep-alive ``http.client`` connections, per process and per concurrent call (:mod:`.etcd_http`).
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ class EtcdStore:
         return self._retry(f"strand({key!r})", lambda: records.strand(self, *args, run_text))
 
     def close(self) -> None:
-        """Close the HTTP session; the etcd leases run out by their ttl. Idempotent."""
+        """Close this process's idle HTTP connections; the etcd leases run out by their ttl. Idempotent."""
         self.gw.close()
 
     def _acquire(self, key: str, owner: str, ttl: float, state: str) -> Lease | None:

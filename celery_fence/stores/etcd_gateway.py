@@ -1,16 +1,18 @@
 """The etcd client of the etcd store: etcd's v3 JSON gateway (etcd >= 3.4 serves it at ``/v3/`` on the client
 port; 3.3's ``/v3beta/`` is not supported), the process's etcd leases and the token offset (:class:`Epochs`).
 
-Every ``requests`` and HTTP error is translated in :meth:`Gateway.call`, the one boundary: no answer or a
-transient gRPC code -> ``StoreUnavailable``; an answer that is not the gateway's JSON (404 without the
-gateway, 501 from another server) or etcd auth -> ``ConfigurationError``; ``requested lease not found`` ->
-:class:`LeaseNotFound`; any other refusal (over ``--max-request-bytes``...) -> ``InvalidArgument``.
+Every transport and HTTP error is translated in :meth:`Gateway.call`, the one boundary: no answer (a refused
+or failed connection, a timeout, an answer lost after the request went out) or a transient gRPC code ->
+``StoreUnavailable``; an answer that is not the gateway's JSON (404 without the gateway, 501 from another
+server) or etcd auth -> ``ConfigurationError``; ``requested lease not found`` -> :class:`LeaseNotFound`; any
+other refusal (over ``--max-request-bytes``...) -> ``InvalidArgument``.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
 import json
 import math
 import os
@@ -21,11 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import requests
-
 from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable
 from ..lease import Lease
 from .capabilities import Capabilities
+from .etcd_http import Transport
 from .urls import mask_url
 
 __all__ = ["KV", "Epochs", "Gateway", "LeaseNotFound", "ProcessLeases", "TxnResult", "parse_url"]
@@ -128,25 +129,19 @@ def parse_url(url: str, prefix: object = None) -> tuple[str, str]:
 
 
 class Gateway:
-    """HTTP client of one etcd endpoint; its ``requests.Session`` is created lazily per process."""
+    """HTTP client of one etcd endpoint, over this process's keep-alive connections (:mod:`.etcd_http`)."""
 
     def __init__(self, base_url: str, timeout: tuple[float, float] = (3.0, 5.0)) -> None:
         self.base_url, self.timeout = base_url.rstrip("/"), timeout
-        self._session: requests.Session | None = None
-        self._pid = 0
-
-    def session(self) -> requests.Session:
-        if self._session is None or self._pid != os.getpid():  # never share a socket across fork
-            self._session, self._pid = requests.Session(), os.getpid()
-        return self._session
+        self.http = Transport(self.base_url, timeout)
 
     def close(self) -> None:
-        if self._session is not None and self._pid == os.getpid():
-            self._session.close()
-        self._session = None
+        self.http.close()
 
     def txn(self, compare: Sequence[Op], success: Sequence[Op], failure: Sequence[Op] = ()) -> TxnResult:
-        answer = self.call("/kv/txn", {"compare": compare, "success": success, "failure": failure})
+        reads = all("request_range" in op for op in (*success, *failure))  # a lost answer may be asked again
+        body = {"compare": compare, "success": success, "failure": failure}
+        answer = self.call("/kv/txn", body, idempotent=reads)
         revision = int(answer.get("header", {}).get("revision", 0))
         return TxnResult(bool(answer.get("succeeded")), revision, answer.get("responses", []))
 
@@ -159,28 +154,31 @@ class Gateway:
 
     def time_to_live(self, lease_id: int) -> int:
         """Seconds the lease has left; -1 when it is gone."""
-        return int(self.call("/lease/timetolive", {"ID": str(lease_id)}).get("TTL", -1))
+        answer = self.call("/lease/timetolive", {"ID": str(lease_id)}, idempotent=True)
+        return int(answer.get("TTL", -1))
 
     def revoke(self, lease_id: int) -> None:
         with contextlib.suppress(LeaseNotFound):  # already gone
             self.call("/lease/revoke", {"ID": str(lease_id)})
 
-    def call(self, path: str, body: Op) -> Op:
+    def call(self, path: str, body: Op, idempotent: bool = False) -> Op:
+        """POST ``body`` to ``/v3{path}``; ``idempotent``: a read, which the transport may send again once
+        when a reused connection turns out dropped (a write never is: its outcome is unknown)."""
         try:
-            response = self.session().post(f"{self.base_url}/v3{path}", json=body, timeout=self.timeout)
-            text = response.text
-        except requests.RequestException as exc:
+            status, raw = self.http.post(f"/v3{path}", json.dumps(body).encode(), idempotent)
+        except (OSError, http.client.HTTPException) as exc:
             raise StoreUnavailable(
                 f"etcd at {self.base_url} did not answer ({type(exc).__name__}: {exc}); check that etcd runs "
                 "and that its --listen-client-urls and --advertise-client-urls include this address"
             ) from exc
+        text = raw.decode("utf-8", "replace")
         try:  # the first JSON object: a streamed answer has one per line
             answer = json.loads(text.strip().split("\n", 1)[0])
         except ValueError:
             answer = None
-        if response.status_code == requests.codes.ok and isinstance(answer, dict) and "code" not in answer:
+        if status == http.HTTPStatus.OK and isinstance(answer, dict) and "code" not in answer:
             return answer
-        raise _error(self.base_url, path, response.status_code, answer, text)
+        raise _error(self.base_url, path, status, answer, text)
 
 
 def _error(base: str, path: str, status: int, answer: Any, text: str) -> FenceError:

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from celery_fence.stores.etcd import EtcdStore
 from celery_fence.stores.etcd_gateway import delete
@@ -63,9 +64,9 @@ class EtcdServer:
         return self
 
     def healthy(self) -> bool:
-        with contextlib.suppress(requests.RequestException, ValueError):
-            answer = requests.get(f"{self.client_url}/health", timeout=1).json()
-            return bool(answer.get("health") == "true")
+        health = f"{self.client_url}/health"
+        with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(health, timeout=1) as answer:
+            return bool(json.load(answer).get("health") == "true")
         return False
 
     def stop(self) -> None:

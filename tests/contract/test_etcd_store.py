@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from celery_fence import (
     AlreadyDone,
@@ -31,6 +30,7 @@ from celery_fence.lease import new_owner
 from celery_fence.stores.etcd import EtcdStore
 from celery_fence.stores.etcd_gateway import get as range_of
 from celery_fence.stores.etcd_gateway import lease_seconds, put
+from celery_fence.stores.etcd_http import EtcdConnection
 
 from .harness import HARNESSES  # first: harness.py imports harness_etcd itself
 from .harness_etcd import EtcdServer, free_port, shared_server
@@ -44,17 +44,17 @@ def estore(request: pytest.FixtureRequest) -> Iterator[EtcdStore]:
 
 
 class RoundTrips:
-    """Counts HTTP requests to etcd, by gateway path."""
+    """Counts HTTP requests sent to etcd, by gateway path."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.paths: list[str] = []
-        original = requests.Session.request
+        original = EtcdConnection.request
 
-        def counting(session: requests.Session, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        def counting(conn: EtcdConnection, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
             self.paths.append(url.split("/v3", 1)[-1])
-            return original(session, method, url, *args, **kwargs)
+            return original(conn, method, url, *args, **kwargs)
 
-        monkeypatch.setattr(requests.Session, "request", counting)
+        monkeypatch.setattr(EtcdConnection, "request", counting)
 
     def count(self, fn: Callable[..., Any], *args: Any) -> int:
         self.paths.clear()
@@ -166,7 +166,7 @@ def test_unreachable_server_is_store_unavailable() -> None:
     for call in (lambda: store.acquire("k", "w", TTL), lambda: store.get("k"), store.leases):
         with pytest.raises(StoreUnavailable, match=r"127\.0\.0\.1") as info:
             call()
-        assert isinstance(info.value.__cause__, requests.ConnectionError)
+        assert isinstance(info.value.__cause__, ConnectionRefusedError)
     store.close()
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +71,6 @@ def _without(monkeypatch: pytest.MonkeyPatch, missing: str) -> list[str]:
         ("postgresql://localhost/db", "psycopg", "postgres"),
         ("postgresql+psycopg://localhost/db", "psycopg", "postgres"),
         ("postgres://localhost/db", "psycopg", "postgres"),
-        ("etcd://localhost:2379", "requests", "etcd"),
     ],
 )
 def test_a_missing_extra_names_the_pip_command(
@@ -81,6 +82,20 @@ def test_a_missing_extra_names_the_pip_command(
     assert f"pip install 'celery-fence[{extra}]'" in str(info.value)
     assert repr(module) in str(info.value)
     assert module in asked
+
+
+def test_the_etcd_store_needs_nothing_beyond_the_standard_library() -> None:
+    """Its client is http.client: it opens (and would run) with ``requests`` not importable."""
+    code = (
+        "import sys; sys.modules['requests'] = None\n"
+        "from celery_fence import open_store\n"
+        "from celery_fence.stores import check_store_url\n"
+        "check_store_url('etcd://localhost:2379')\n"
+        "print(type(open_store('etcd://localhost:2379')).__name__)"
+    )
+    command = [sys.executable, "-c", code]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout.strip()) == (0, "EtcdStore"), done.stderr
 
 
 def test_a_missing_driver_suffix_module_names_that_package(monkeypatch: pytest.MonkeyPatch) -> None:
