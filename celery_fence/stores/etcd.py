@@ -6,17 +6,8 @@ Round trips: every operation is one ``Txn`` comparing the lock's ``create_revisi
 ``refused`` event when refused). acquire adds a grant or keep-alive when the process's etcd lease is missing
 or not refreshed within a twentieth of the ttl; renew of any number of leases is a ``Txn`` and a keep-alive.
 
-Honest limits: an expired lease's lock is gone, so renewing or completing an expired, untaken lease fails
-(``get`` shows it with ``expires_in == 0.0``). etcd leases are whole seconds, at least 2: a ttl is rounded up;
-one etcd lease per process, store handle and distinct ttl. Its keep-alive extends every lock on it, so the
-handle notes when each lock it acquired or renewed (or may have: an answer lost) would expire and deletes the
-overdue ones at its next acquire or renew; a lease is renewed by the process that acquired it.
-``HistoryEvent.at`` is the writer's wall clock (etcd answers carry none), made non-decreasing in revision
-order when read: the order is the store's, ``at`` is for people; ``prune`` and ``abandoned`` trust wall
-clocks too. A snapshot restore without ``--bump-revision`` (etcd 3.4 has none) rewinds revisions, hence
-tokens: run ``advance`` with a gap above the lost revisions before workers start. Debian's etcd 3.4.23
-predates the fix for etcd #17780 (revision decrease). Plain HTTP to one endpoint: no TLS, auth or failover;
-keep-alive ``http.client`` connections, per process and per concurrent call (:mod:`.etcd_http`).
+Its honest limits (an expired lease's lock is gone, whole-second leases, one etcd lease per process and
+ttl, wall-clock ``at``, revisions rewound by a restore, plain HTTP) are in docs/stores.md, "etcd".
 """
 
 from __future__ import annotations
@@ -35,6 +26,7 @@ from . import etcd_admin as admin
 from . import etcd_gateway as etcd
 from . import etcd_records as records
 from .etcd_gateway import KV, Op, TxnResult
+from .etcd_leases import CAPABILITIES, ProcessLeases, lease_seconds
 from .validation import (
     check_gap,
     check_lease,
@@ -59,13 +51,13 @@ class EtcdStore:
     # etcd refuses a request over --max-request-bytes (1.5 MiB by default): a record (the result with its
     # token, a step value, the run's record with its owner) is kept to 1 MiB, the rest of a Txn fits beside.
     max_value_bytes = 1024 * 1024
-    capabilities = etcd.CAPABILITIES
+    capabilities = CAPABILITIES
 
     def __init__(self, url: str, prefix: str | None = None, timeout: tuple[float, float] = _TIMEOUT) -> None:
         netloc, self.prefix = etcd.parse_url(url, prefix)
         self.url = f"etcd://{netloc}/{quote(self.prefix)}"  # names the same keys in any process
         self.gw = etcd.Gateway(f"http://{netloc}", timeout)
-        self.etcd_leases = etcd.ProcessLeases(self.gw)
+        self.etcd_leases = ProcessLeases(self.gw)
         self._offset_key, self._epochs = f"{self.prefix}meta/offset", etcd.Epochs()
 
     def migrate(self) -> None:
@@ -86,7 +78,7 @@ class EtcdStore:
         if not leases:
             return []
         self._expire_overdue()
-        seconds, sent, locks = etcd.lease_seconds(ttl), time.monotonic(), self._locks(leases)
+        seconds, sent, locks = lease_seconds(ttl), time.monotonic(), self._locks(leases)
         current = {lease for lease in leases if self._holds(locks.get(lease.key), lease)}
         for lease_id in {locks[lease.key].lease for lease in current}:  # usually just this process's
             if not self.etcd_leases.keepalive(seconds, lease_id):  # 200 without a TTL: revoked, expired
@@ -172,7 +164,7 @@ class EtcdStore:
         self.gw.close()
 
     def _acquire(self, key: str, owner: str, ttl: float, state: str) -> Lease | None:
-        seconds = etcd.lease_seconds(ttl)
+        seconds = lease_seconds(ttl)
         epochs, lease_id = self._epochs, self.etcd_leases.lease_for(seconds)
         k = {kind: self._k(kind, key) for kind in _KINDS}
         events = [self._event(Lease(key, 0, owner), name) for name in ("acquire", "takeover")]
