@@ -109,7 +109,7 @@ def _install_redis(port: int) -> None:
 
 
 def _install_etcd(netloc: str) -> None:
-    from celery_fence.stores.etcd_http import EtcdConnection
+    from celery_fence.stores.etcd.http import EtcdConnection
 
     original = EtcdConnection.request
 

@@ -30,7 +30,7 @@ def compiled_sql() -> tuple[str, str]:
     """The library's acquire and complete statements in psycopg's parameter format."""
     from sqlalchemy.dialects.postgresql.psycopg import dialect
 
-    from celery_fence.stores.sql_queries import queries_for
+    from celery_fence.stores.sql.queries import queries_for
 
     queries, pg = queries_for("postgresql"), dialect()
     return str(queries.acquire.compile(dialect=pg)), str(queries.complete.compile(dialect=pg))

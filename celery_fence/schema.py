@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .stores.sql_schema import SCHEMA_VERSION, metadata, migrate
+from .stores.sql.schema import SCHEMA_VERSION, metadata, migrate
 
 __all__ = ["SCHEMA_VERSION", "include_object", "metadata", "migrate"]
 

@@ -153,6 +153,6 @@ class FencedConnectionStore(Store, Protocol):
         """Record step ``name`` inside an open ``transaction(lease, step=name)``: it commits with it."""
 
     def begin_run(self, lease: Lease, ttl: float) -> Any:
-        """Open the run's transaction (``stores.sql_run.RunTransaction``): the lease row checked and locked
+        """Open the run's transaction (``stores.sql.run.RunTransaction``): the lease row checked and locked
         until it commits together with the run's completion, or rolls back. ``StaleToken`` if not current."""
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from celery_fence.stores.etcd import EtcdStore
-from celery_fence.stores.etcd_gateway import delete
+from celery_fence.stores.etcd.gateway import delete
 from celery_fence.testing import free_port
 
 from .harness import Harness, end_process

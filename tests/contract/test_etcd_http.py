@@ -1,4 +1,4 @@
-"""The etcd store's HTTP transport (:mod:`celery_fence.stores.etcd_http`): keep-alive connections per process
+"""The etcd store's HTTP transport (:mod:`celery_fence.stores.etcd.http`): keep-alive connections per process
 and per concurrent call, a dropped idle connection replaced before anything is sent, a lost answer resent only
 for a read on a reused connection and only once, a write's lost answer reported as ``StoreUnavailable``."""
 
@@ -16,7 +16,7 @@ import pytest
 from celery_fence import StaleToken, StoreUnavailable
 from celery_fence._proxy import Proxy
 from celery_fence.stores.etcd import EtcdStore
-from celery_fence.stores.etcd_gateway import Gateway, get, put
+from celery_fence.stores.etcd.gateway import Gateway, get, put
 
 from .harness_etcd import open_etcd_store, shared_server
 from .scripted_http import ScriptedServer

@@ -28,10 +28,10 @@ from celery_fence import (
 )
 from celery_fence.lease import new_owner
 from celery_fence.stores.etcd import EtcdStore
-from celery_fence.stores.etcd_gateway import get as range_of
-from celery_fence.stores.etcd_gateway import put
-from celery_fence.stores.etcd_http import EtcdConnection
-from celery_fence.stores.etcd_leases import lease_seconds
+from celery_fence.stores.etcd.gateway import get as range_of
+from celery_fence.stores.etcd.gateway import put
+from celery_fence.stores.etcd.http import EtcdConnection
+from celery_fence.stores.etcd.leases import lease_seconds
 
 from .harness import HARNESSES  # first: harness.py imports harness_etcd itself
 from .harness_etcd import EtcdServer, free_port, shared_server

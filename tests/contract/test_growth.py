@@ -10,7 +10,7 @@ from typing import Any
 import redis
 from sqlalchemy import text
 
-from celery_fence.stores.etcd_gateway import get
+from celery_fence.stores.etcd.gateway import get
 
 from .checks import TTL
 

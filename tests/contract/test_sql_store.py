@@ -23,7 +23,7 @@ from celery_fence import (
     open_store,
 )
 from celery_fence.stores.sql import SQLStore
-from celery_fence.stores.sql_engine import SessionLimits
+from celery_fence.stores.sql.engine import SessionLimits
 
 from .harness import HARNESSES
 from .racing import race

@@ -15,7 +15,7 @@ from celery_fence import StoreUnavailable
 from celery_fence.lease import Lease, LeasePolicy
 from celery_fence.renewer import Renewer
 from celery_fence.stores.sql import SQLStore
-from celery_fence.stores.sql_engine import SessionLimits
+from celery_fence.stores.sql.engine import SessionLimits
 from celery_fence.stores.waits import lock_wait
 from celery_fence.testing import wait_for
 

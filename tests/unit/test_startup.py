@@ -9,7 +9,7 @@ import pytest
 from celery_fence import ConfigurationError
 from celery_fence.lease import LeasePolicy
 from celery_fence.startup import check_settings
-from celery_fence.stores.sql_engine import SessionLimits
+from celery_fence.stores.sql.engine import SessionLimits
 
 SAFE: dict[str, Any] = {"task_acks_late": True, "task_reject_on_worker_lost": True}
 

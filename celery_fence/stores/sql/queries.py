@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import TextClause, text
 
-from ..lease import MAX_TOKEN
+from ...lease import MAX_TOKEN
 
 __all__ = ["Queries", "queries_for"]
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable
-from .etcd_http import Transport
-from .urls import mask_url
+from ...errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable
+from ..urls import mask_url
+from .http import Transport
 
 __all__ = ["KV", "Epochs", "Gateway", "LeaseNotFound", "TxnResult", "parse_url"]
 
@@ -122,7 +122,7 @@ def parse_url(url: str, prefix: object = None) -> tuple[str, str]:
 
 
 class Gateway:
-    """HTTP client of one etcd endpoint, over this process's keep-alive connections (:mod:`.etcd_http`)."""
+    """HTTP client of one etcd endpoint, over this process's keep-alive connections (:mod:`.http`)."""
 
     def __init__(self, base_url: str, timeout: tuple[float, float] = (3.0, 5.0)) -> None:
         self.base_url, self.timeout = base_url.rstrip("/"), timeout

@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
-from .. import codec
-from ..lease import Abandoned, validate_key
-from .sql_engine import RowLocked
-from .sql_queries import Queries
-from .validation import check_abandoned, check_age, check_limit, check_text
+from ... import codec
+from ...lease import Abandoned, validate_key
+from ..validation import check_abandoned, check_age, check_limit, check_text
+from .engine import RowLocked
+from .queries import Queries
 
 __all__ = ["SQLRecovery"]
 
 
 class SQLRecovery:
-    """``abandoned`` and ``recover`` of :class:`celery_fence.stores.sql.SQLStore`."""
+    """``abandoned`` and ``recover`` of :class:`celery_fence.stores.sql.store.SQLStore`."""
 
     q: Queries
     max_value_bytes: int

@@ -1,6 +1,6 @@
 """The etcd store (``etcd://host:port[/prefix/]``, prefix ``fence/`` by default) on etcd's v3 JSON gateway.
 
-The layout of the per-key records is in :mod:`celery_fence.stores.etcd_records`.
+The layout of the per-key records is in :mod:`celery_fence.stores.etcd.records`.
 
 Round trips: every operation is one ``Txn`` comparing the lock's ``create_revision`` (plus a put of the
 ``refused`` event when refused). acquire adds a grant or keep-alive when the process's etcd lease is missing
@@ -19,15 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote, unquote
 
-from .. import codec
-from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken, StoreUnavailable
-from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
-from . import etcd_admin as admin
-from . import etcd_gateway as etcd
-from . import etcd_records as records
-from .etcd_gateway import KV, Op, TxnResult
-from .etcd_leases import CAPABILITIES, ProcessLeases, lease_seconds
-from .validation import (
+from ... import codec
+from ...errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken, StoreUnavailable
+from ...lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from ..validation import (
     check_gap,
     check_lease,
     check_leases,
@@ -35,6 +30,10 @@ from .validation import (
     check_step_name,
     check_text,
 )
+from . import admin, records
+from . import gateway as etcd
+from .gateway import KV, Op, TxnResult
+from .leases import CAPABILITIES, ProcessLeases, lease_seconds
 
 __all__ = ["EtcdStore"]
 

@@ -11,9 +11,9 @@ import redis
 from redis.connection import URL_QUERY_ARGUMENT_PARSERS
 from redis.exceptions import NoPermissionError
 
-from .. import errors
-from .urls import mask_url
-from .validation import out_of_tokens
+from ... import errors
+from ..urls import mask_url
+from ..validation import out_of_tokens
 
 __all__ = ["split_url", "translated"]
 

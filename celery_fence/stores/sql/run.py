@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
-from .. import codec
-from ..errors import StaleToken, StoreUnavailable, UsageError
-from ..failpoints import failpoint
-from ..lease import Lease
-from .sql_engine import translate_errors, user_statement_errors
+from ... import codec
+from ...errors import StaleToken, StoreUnavailable, UsageError
+from ...failpoints import failpoint
+from ...lease import Lease
+from .engine import translate_errors, user_statement_errors
 
 if TYPE_CHECKING:
-    from .sql import SQLStore
+    from .store import SQLStore
 
 __all__ = ["RunTransaction"]
 

@@ -2,7 +2,7 @@
 
 acquire, renew (of any number of leases), complete and release are one statement each, run in autocommit
 so one statement is one round trip; the audit trail is written by a trigger inside that same statement.
-Those four run on the driver's cursor, compiled once (``sql_driver``); the rest goes through SQLAlchemy.
+Those four run on the driver's cursor, compiled once (``driver``); the rest goes through SQLAlchemy.
 Multi-statement work (fenced transactions, steps, refusals) runs in one short explicit transaction.
 """
 
@@ -15,25 +15,11 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from .. import codec
-from .._process import forget_in_child
-from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
-from ..lease import HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
-from .sql_driver import DriverStatements
-from .sql_engine import (
-    RowLocked,
-    SessionLimits,
-    create_store_engine,
-    safe_url,
-    translate_errors,
-)
-from .sql_files import check_sql_store_url, sql_capabilities
-from .sql_queries import queries_for
-from .sql_recovery import SQLRecovery
-from .sql_rows import lease_state, renew_params
-from .sql_run import RunTransaction
-from .sql_schema import migrate, schema_current
-from .validation import (
+from ... import codec
+from ..._process import forget_in_child
+from ...errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
+from ...lease import HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from ..validation import (
     check_age,
     check_gap,
     check_lease,
@@ -43,6 +29,20 @@ from .validation import (
     check_text,
     past_the_range,
 )
+from .driver import DriverStatements
+from .engine import (
+    RowLocked,
+    SessionLimits,
+    create_store_engine,
+    safe_url,
+    translate_errors,
+)
+from .files import check_sql_store_url, sql_capabilities
+from .queries import queries_for
+from .recovery import SQLRecovery
+from .rows import lease_state, renew_params
+from .run import RunTransaction
+from .schema import migrate, schema_current
 
 __all__ = ["SQLStore"]
 
@@ -253,7 +253,7 @@ class SQLStore(SQLRecovery):
 
     def advance(self, gap: int) -> int:
         """One transaction that no acquire can interleave: on PostgreSQL it first takes the lock every
-        ``nextval`` holds shared (see ``sql_queries``); SQLite's transaction is ``BEGIN IMMEDIATE``."""
+        ``nextval`` holds shared (see ``queries``); SQLite's transaction is ``BEGIN IMMEDIATE``."""
         check_gap(gap)
         with self._tx() as conn:
             if self.q.lock_counter is not None:

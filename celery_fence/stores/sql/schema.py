@@ -26,8 +26,8 @@ from sqlalchemy import (
     text,
 )
 
-from ..errors import ConfigurationError
-from ..lease import MAX_TOKEN
+from ...errors import ConfigurationError
+from ...lease import MAX_TOKEN
 
 __all__ = ["SCHEMA_VERSION", "metadata", "migrate", "schema_current"]
 

@@ -8,7 +8,7 @@ PostgreSQL sessions carry timeouts so that a paused holder cannot block a takeov
 (``idle_in_transaction_session_timeout``, ``lock_timeout``, ``statement_timeout``) and a dead link fails fast
 (``tcp_user_timeout``, keepalives), and a pooled connection that the server ended while it sat idle is
 replaced before a statement is sent on it (``_drop_if_ended``). SQLite runs in WAL mode with
-``busy_timeout`` (shortened per thread by ``waits.lock_wait``: ``sql_lock``) and opens its transactions
+``busy_timeout`` (shortened per thread by ``waits.lock_wait``: ``lock``) and opens its transactions
 with ``BEGIN IMMEDIATE`` (a deferred transaction that reads then writes fails with "database is locked").
 """
 
@@ -33,12 +33,12 @@ from sqlalchemy.exc import (
     StatementError,
 )
 
-from ..errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable, TokenRewound
-from .liveness import idle_socket_is_readable
-from .sql_lock import apply_busy_timeout, is_locked, locked_message, remember_busy_limit
-from .sql_schema import RANGE_EXHAUSTED
-from .urls import mask_url
-from .validation import out_of_tokens
+from ...errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable, TokenRewound
+from ..liveness import idle_socket_is_readable
+from ..urls import mask_url
+from ..validation import out_of_tokens
+from .lock import apply_busy_timeout, is_locked, locked_message, remember_busy_limit
+from .schema import RANGE_EXHAUSTED
 
 __all__ = [
     "RowLocked",

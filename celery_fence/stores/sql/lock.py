@@ -13,8 +13,8 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from .urls import mask_url
-from .waits import current_lock_wait
+from ..urls import mask_url
+from ..waits import current_lock_wait
 
 __all__ = ["apply_busy_timeout", "is_locked", "locked_message", "remember_busy_limit"]
 

@@ -26,7 +26,7 @@ import socket
 import threading
 from urllib.parse import urlsplit
 
-from .._process import forget_in_child
+from ..._process import forget_in_child
 
 __all__ = ["EtcdConnection", "Transport"]
 

@@ -7,10 +7,10 @@ import math
 import threading
 import time
 
-from .._process import forget_in_child
-from ..lease import Lease
-from .capabilities import Capabilities
-from .etcd_gateway import Gateway
+from ..._process import forget_in_child
+from ...lease import Lease
+from ..capabilities import Capabilities
+from .gateway import Gateway
 
 __all__ = ["CAPABILITIES", "MIN_LEASE", "ProcessLeases", "lease_seconds"]
 

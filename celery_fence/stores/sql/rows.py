@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlalchemy import Row
 
-from .. import codec
-from ..lease import Lease, LeaseState
+from ... import codec
+from ...lease import Lease, LeaseState
 
 __all__ = ["lease_state", "renew_params"]
 

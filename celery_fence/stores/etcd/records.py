@@ -28,14 +28,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from .. import codec
-from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, recovery_backoff
-from . import etcd_gateway as etcd
-from .etcd_gateway import KV, Op
-from .validation import check_abandoned, check_age, check_limit
+from ... import codec
+from ...lease import Abandoned, HistoryEvent, Lease, LeaseState, recovery_backoff
+from ..validation import check_abandoned, check_age, check_limit
+from . import gateway as etcd
+from .gateway import KV, Op
 
 if TYPE_CHECKING:
-    from .etcd import EtcdStore
+    from .store import EtcdStore
 
 __all__ = ["abandoned", "current_token", "history", "prune", "recover", "state_token", "states", "strand"]
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from ..errors import ConfigurationError
-from .capabilities import Capabilities
-from .sql_engine import SessionLimits, check_sql_url
-from .urls import mask_url
+from ...errors import ConfigurationError
+from ..capabilities import Capabilities
+from ..urls import mask_url
+from .engine import SessionLimits, check_sql_url
 
 __all__ = ["check_sql_store_url", "check_sqlite_directory", "sql_capabilities", "sqlite_file"]
 

@@ -30,14 +30,12 @@ from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.retry import Retry
 
-from .. import codec, errors
-from .._process import forget_in_child
-from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
-from .capabilities import Capabilities
-from .liveness import idle_socket_is_readable
-from .redis_boundary import split_url, translated
-from .redis_rows import chunks, history_events, lease_state, raise_stale, to_ms, who
-from .validation import (
+from ... import codec, errors
+from ..._process import forget_in_child
+from ...lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from ..capabilities import Capabilities
+from ..liveness import idle_socket_is_readable
+from ..validation import (
     check_abandoned,
     check_age,
     check_gap,
@@ -49,6 +47,8 @@ from .validation import (
     check_text,
     past_the_range,
 )
+from .boundary import split_url, translated
+from .rows import chunks, history_events, lease_state, raise_stale, to_ms, who
 
 __all__ = ["RedisStore"]
 

@@ -7,8 +7,8 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from .. import codec, errors
-from ..lease import HistoryEvent, Lease, LeaseState
+from ... import codec, errors
+from ...lease import HistoryEvent, Lease, LeaseState
 
 __all__ = ["chunks", "history_events", "lease_state", "raise_stale", "to_ms", "who"]
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from ..errors import InvalidArgument
-from ..lease import MAX_TOKEN, Lease
-from . import etcd_gateway as etcd
-from .validation import past_the_range
+from ...errors import InvalidArgument
+from ...lease import MAX_TOKEN, Lease
+from ..validation import past_the_range
+from . import gateway as etcd
 
 if TYPE_CHECKING:
-    from .etcd import EtcdStore
+    from .store import EtcdStore
 
 __all__ = ["HEADROOM", "advance", "force_release"]
 

@@ -6,7 +6,7 @@ store, to the driver's own parameter style (psycopg: ``%(name)s``, sqlite3: ``?`
 order), and sent on the DBAPI cursor of one connection that the store keeps checked out of the autocommit
 engine's pool for them; a thread that finds it in use (a renew while a run completes) takes another from
 the pool for that statement. The held connection is checked like a pooled one before each use (the server
-may have ended it while idle), on SQLite given this thread's lock wait (``sql_lock``), and dropped when the
+may have ended it while idle), on SQLite given this thread's lock wait (``lock``), and dropped when the
 driver says it is broken. A driver error is re-raised as
 the ``DBAPIError`` SQLAlchemy itself would raise, so ``translate_errors`` maps it like any other.
 """
@@ -22,9 +22,9 @@ from sqlalchemy import Engine, PoolProxiedConnection, TextClause
 from sqlalchemy.engine.interfaces import DBAPICursor, Dialect
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from .sql_engine import ended_while_idle
-from .sql_lock import apply_busy_timeout
-from .sql_queries import Queries
+from .engine import ended_while_idle
+from .lock import apply_busy_timeout
+from .queries import Queries
 
 __all__ = ["HOT", "DriverStatements"]
 
