@@ -25,6 +25,7 @@ from celery.signals import before_task_publish
 from celery_fence import FencedTask, LeaseHeld
 from celery_fence.runtime import runtime_for
 from celery_fence.signals import lease_duplicate
+from celery_fence.testing import wait_for
 
 from .harness import Harness
 from .inprocess import memory_app, running_worker
@@ -79,19 +80,12 @@ def app(store: Any, gates: Gates) -> Iterator[Celery]:
     runtime.close()
 
 
-def until(condition: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_a_task_id_that_lost_its_key_ends_with_the_winners_result(
     app: Celery, store: Any, harness: Harness, gates: Gates
 ) -> None:
     keyed = app.tasks["endings.keyed"]
     a = keyed.delay(1, "A", wait=True)
-    until(lambda: "A" in gates.entered, "A in its body")
+    wait_for(lambda: "A" in gates.entered, what="A in its body")
     harness.expire_all(store)  # A stalls past its lease...
     b = keyed.delay(1, "B")  # ...another task id takes the key over and finishes it
     assert b.get(timeout=30) == "done by B"
@@ -106,10 +100,10 @@ def test_a_task_id_whose_key_is_held_by_another_ends_ready_naming_it(
 ) -> None:
     keyed = app.tasks["endings.keyed"]
     a = keyed.delay(2, "A", wait=True)
-    until(lambda: "A" in gates.entered, "A in its body")
+    wait_for(lambda: "A" in gates.entered, what="A in its body")
     harness.expire_all(store)
     b = keyed.delay(2, "B", wait=True)  # takes the key over, and is still running
-    until(lambda: "B" in gates.entered, "B in its body")
+    wait_for(lambda: "B" in gates.entered, what="B in its body")
     gates.open("A")
     with pytest.raises(LeaseHeld, match=b.id):  # FAILURE, naming the winner: never PENDING
         a.get(timeout=30)
@@ -128,7 +122,7 @@ def test_a_copy_of_the_same_task_id_is_absorbed_whatever_the_key_and_policy(
     keyed.fence_on_busy = "fail"  # a copy must never reach the policy, which would store FAILURE
     task_id = str(uuid.uuid4())  # the memory result backend is shared by every app in the process
     first = keyed.apply_async((3, "X"), {"wait": True}, task_id=task_id)
-    until(lambda: "X" in gates.entered, "the first copy in its body")
+    wait_for(lambda: "X" in gates.entered, what="the first copy in its body")
     absorbed: list[str] = []
 
     def on_duplicate(sender: Any = None, reason: str = "", **_: Any) -> None:
@@ -137,7 +131,7 @@ def test_a_copy_of_the_same_task_id_is_absorbed_whatever_the_key_and_policy(
     lease_duplicate.connect(on_duplicate, weak=False)
     try:
         keyed.apply_async((3, "X"), {"wait": True}, task_id=task_id)  # the broker's copy, same id
-        until(lambda: absorbed == ["held"], "the copy to be absorbed")
+        wait_for(lambda: absorbed == ["held"], what="the copy to be absorbed")
     finally:
         lease_duplicate.disconnect(on_duplicate)
     assert first.state != "FAILURE"
@@ -163,9 +157,9 @@ def test_a_copy_of_a_running_task_id_looks_again_soon_without_spending_retries(
     before_task_publish.connect(on_publish, weak=False)
     try:
         first = keyed.apply_async((4, "Y"), {"wait": True}, task_id=task_id)
-        until(lambda: "Y" in gates.entered, "the first copy in its body")
+        wait_for(lambda: "Y" in gates.entered, what="the first copy in its body")
         keyed.apply_async((4, "Y"), {"wait": True}, task_id=task_id)  # the broker's copy, same id
-        until(lambda: len(published) == 3, "the copy to be sent again")
+        wait_for(lambda: len(published) == 3, what="the copy to be sent again")
     finally:
         before_task_publish.disconnect(on_publish)
         keyed.max_retries = 3

@@ -17,10 +17,11 @@ from celery_fence import FencedTask, LeaseHeld, StoreUnavailable
 from celery_fence.renewer import Renewer
 from celery_fence.runtime import runtime_for
 from celery_fence.signals import lease_duplicate, lease_lost
+from celery_fence.testing import wait_for
 
 from .harness import HARNESSES, Harness
 from .inprocess import memory_app, running_worker
-from .test_run_endings import Gates, until
+from .test_run_endings import Gates
 
 TTL = 30.0
 
@@ -123,7 +124,7 @@ def _start_a(n: int, app: Celery, gates: Gates, hooks: list[Seen]) -> tuple[Any,
     keyed, a_id = app.tasks["hooks.keyed"], str(uuid.uuid4())
     hooks.append(seen := Seen(a_id))
     a = keyed.apply_async((n, "A"), {"wait": True}, task_id=a_id)
-    until(lambda: "A:0" in gates.entered, "A in its body")
+    wait_for(lambda: "A:0" in gates.entered, what="A in its body")
     return keyed, a, seen
 
 
@@ -138,7 +139,7 @@ def test_a_refused_run_fires_neither_task_success_nor_task_failure_and_lease_los
     runtime_for(app).renewer.tick()
     assert seen.hooks() == ["task_success", "lease_lost"]
     gates.open("A")
-    until(lambda: seen.fired.count("task_postrun") == 2, "A's run to end")
+    wait_for(lambda: seen.fired.count("task_postrun") == 2, what="A's run to end")
     assert "refused" in [e.event for e in store.history("k:1")]
     assert a.get(timeout=30) == "done by B"  # the copy's SUCCESS, never overwritten
     assert seen.hooks() == ["task_success", "lease_lost"]  # nothing more for the refused run
@@ -160,7 +161,7 @@ def test_a_run_whose_lease_only_lapsed_sends_itself_again_with_recovery_off(
     assert "A:1" in gates.entered  # the copy (same id) ran the body: the work was not dropped
     events = [e.event for e in store.history("k:2")]
     assert events.count("complete") == 1 and events[0] == "acquire"
-    until(lambda: seen.fired.count("task_postrun") == 2, "both runs to end")
+    wait_for(lambda: seen.fired.count("task_postrun") == 2, what="both runs to end")
     assert seen.hooks() == ["lease_lost", "task_success"]  # the re-queued run fired nothing
 
 
@@ -177,7 +178,7 @@ def test_a_lapsed_run_at_max_retries_keeps_its_lease_for_recovery(
     runtime._store.down = False
     try:
         gates.open("A")
-        until(lambda: seen.fired.count("task_postrun") == 1, "A's run to end")
+        wait_for(lambda: seen.fired.count("task_postrun") == 1, what="A's run to end")
     finally:
         keyed.max_retries = 3
     kept = store.get("k:5")
@@ -200,7 +201,7 @@ def test_on_busy_retry_counts_down_the_holders_remaining_ttl_then_fails_with_lea
     try:
         keyed.max_retries = 1
         b = keyed.delay(3, "B")
-        until(lambda: b.state == "RETRY", "B to show RETRY")
+        wait_for(lambda: b.state == "RETRY", what="B to show RETRY")
         retry = next(h for h in published if h.get("id") == b.id and h.get("retries") == 1)
         countdown = time.mktime(time.strptime(retry["eta"][:19], "%Y-%m-%dT%H:%M:%S")) - time.mktime(
             time.gmtime()
