@@ -35,7 +35,7 @@ from celery_fence.errors import (
     TokenRewound,
 )
 from celery_fence.lease import Lease, LeaseState, new_owner
-from celery_fence.stores import redis as redis_store
+from celery_fence.stores.redis import store as redis_store
 from celery_fence.stores.redis import RedisStore
 
 from .harness import HARNESSES  # first: harness imports harness_redis (a spawned child starts here)
