@@ -95,6 +95,6 @@ def test_a_run_cut_off_from_its_store_loses_its_lease_and_is_refused(
     proxy.restore()
     wait_for(lambda: shop.store.get(key).done, 30, "worker b to finish the order")
     wait_for(lambda: "refused" in shop.events(key), 30, "worker a's next write to be refused")
-    assert "fence refused" in a.log_text()
+    wait_for(lambda: "fence refused" in a.log_text(), 30, "worker a to log it")  # after the store records it
     assert shop.effects(3) == ONCE
     assert_history_clean(shop.store)

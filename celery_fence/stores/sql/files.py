@@ -45,7 +45,7 @@ def check_sqlite_directory(url: str) -> None:
 def sql_capabilities(url: str) -> Capabilities:
     """SQLite: one write lock for every writer, waited for up to its busy timeout; its file must exist
     before a read. Both: the run's transaction shares the database with the user's tables."""
-    if make_url(url).get_backend_name() != "sqlite":
+    if check_sql_url(url).get_backend_name() != "sqlite":  # a malformed URL: ConfigurationError, masked
         return Capabilities(name="PostgreSQL", transactions=True, default_port=5432)
     lock_wait, path = SessionLimits().lock, sqlite_file(url)
     return Capabilities(name="SQLite", transactions=True, write_lock_wait=lock_wait, local_file=path)
