@@ -35,8 +35,8 @@ from celery_fence.errors import (
     TokenRewound,
 )
 from celery_fence.lease import Lease, LeaseState, new_owner
-from celery_fence.stores.redis import store as redis_store
 from celery_fence.stores.redis import RedisStore
+from celery_fence.stores.redis import store as redis_store
 
 from .harness import HARNESSES  # first: harness imports harness_redis (a spawned child starts here)
 from .harness_redis import RedisServer, drop_prefix, free_port, shared_server
