@@ -9,22 +9,20 @@ held by a stopped or slow worker's transaction), then fails saying so.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
-from typing import Any
 
 import click
 
+from . import _cli_format as fmt
 from .bootstep import WORKER_OPTIONS
 from .config import check_prune_age
 from .errors import FenceError
-from .lease import LeaseState
 from .recovery import load_tasks, recover_abandoned
 from .runtime import runtime_for
 from .stores import Store, capabilities_for
+from .stores.base import AdminStore, AuditStore, RecoveryStore, lacking
 from .stores.urls import mask_url
 from .stores.waits import ADMIN_LOCK_WAIT, lock_wait
 from .verify import read_store, verify
@@ -33,7 +31,6 @@ __all__ = ["fence"]
 
 SHOWN_BY_DEFAULT = ("live", "expired", "dead")
 UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-VALUE_WIDTH = 100
 
 
 class FenceCommandError(click.ClickException):
@@ -43,8 +40,10 @@ class FenceCommandError(click.ClickException):
 
 
 @contextmanager
-def _store(ctx: click.Context, *, must_exist: bool = True) -> Iterator[Store]:
-    """The app's store, closed afterwards; every ``FenceError`` becomes a one-line error."""
+def _store(ctx: click.Context, *, must_exist: bool = True, needs: tuple[type, ...] = ()) -> Iterator[Store]:
+    """The app's store, closed afterwards; every ``FenceError`` becomes a one-line error. A store that lacks
+    a role the command ``needs`` (``stores.base``: a third-party store may have the run's role only) is
+    named with what it lacks."""
     app = getattr(ctx.obj, "app", None)
     if app is None:
         raise click.UsageError("run it through Celery: celery -A yourapp fence ...")
@@ -53,12 +52,22 @@ def _store(ctx: click.Context, *, must_exist: bool = True) -> Iterator[Store]:
         if must_exist:
             _refuse_missing_file(ctx, runtime.config.store_url)
         try:
+            _require(ctx, runtime.store, needs)
             with lock_wait(ADMIN_LOCK_WAIT):  # never hang behind a stopped process's transaction
                 yield runtime.store
         finally:
             runtime.close()
     except FenceError as exc:
         raise FenceCommandError(str(exc)) from exc
+
+
+def _require(ctx: click.Context, store: Store, roles: tuple[type, ...]) -> None:
+    missing = [(role.__name__, lacking(store, role)) for role in roles if lacking(store, role)]
+    for role, methods in missing:
+        raise FenceCommandError(
+            f"'fence {ctx.info_name}' needs a store with the {role} role; {mask_url(store.url)} lacks "
+            f"{', '.join(methods)} (see celery_fence.stores.base)"
+        )
 
 
 def _refuse_missing_file(ctx: click.Context, url: str) -> None:
@@ -102,15 +111,16 @@ def migrate(ctx: click.Context) -> None:
 @click.pass_context
 def leases(ctx: click.Context, show_all: bool) -> None:
     """Live and expired leases (and dead keys); --all lists every key."""
-    with _store(ctx) as store:
-        states = [s for s in store.leases() if show_all or _state(s) in SHOWN_BY_DEFAULT]
+    with _store(ctx, needs=(AdminStore,)) as store:
+        states = [s for s in store.leases() if show_all or fmt.state(s) in SHOWN_BY_DEFAULT]
     if not states:
         click.echo("no leases" if show_all else "no live or expired leases (--all lists every key)")
         return
     rows = [
-        [s.key, str(s.token), s.owner or "-", _state(s), _seconds(s.expires_in), _recovery(s)] for s in states
+        [s.key, str(s.token), s.owner or "-", fmt.state(s), fmt.seconds(s.expires_in), fmt.recovery(s)]
+        for s in states
     ]
-    _table(["KEY", "TOKEN", "OWNER", "STATE", "EXPIRES_IN", "RECOVERY"], rows)
+    fmt.table(["KEY", "TOKEN", "OWNER", "STATE", "EXPIRES_IN", "RECOVERY"], rows)
 
 
 @fence.command()
@@ -118,7 +128,7 @@ def leases(ctx: click.Context, show_all: bool) -> None:
 @click.pass_context
 def show(ctx: click.Context, key: str) -> None:
     """A key's state, its committed steps and its history."""
-    with _store(ctx) as store:
+    with _store(ctx, needs=(AuditStore,)) as store:
         state, steps, events = store.get(key), store.steps(key), store.history(key)
     if state is None and not events:
         raise FenceCommandError(f"the store knows no key {key!r}")
@@ -126,17 +136,17 @@ def show(ctx: click.Context, key: str) -> None:
     if state is None:
         click.echo("state    unknown (pruned)")
     else:
-        click.echo(f"state    {_state(state)}, token {state.token}, owner {state.owner or '-'}")
-        click.echo(f"expires  {_seconds(state.expires_in)}")
+        click.echo(f"state    {fmt.state(state)}, token {state.token}, owner {state.owner or '-'}")
+        click.echo(f"expires  {fmt.seconds(state.expires_in)}")
         if state.done:
-            click.echo(f"result   {_value(state.result)}")
+            click.echo(f"result   {fmt.value(state.result)}")
         if state.dead:
             click.echo(f"dead     {state.dead}")
     click.echo(f"steps    {len(steps)}")
-    _table(["NAME", "VALUE"], [[name, _value(value)] for name, value in steps.items()], "  ")
-    click.echo(f"history  {_count(len(events), 'event')}")
-    rows = [[_iso(e.at), e.event, str(e.token), e.owner or "-", e.detail or ""] for e in events]
-    _table(["AT (UTC)", "EVENT", "TOKEN", "OWNER", "DETAIL"], rows, "  ")
+    fmt.table(["NAME", "VALUE"], [[name, fmt.value(value)] for name, value in steps.items()], "  ")
+    click.echo(f"history  {fmt.count(len(events), 'event')}")
+    rows = [[fmt.iso(e.at), e.event, str(e.token), e.owner or "-", e.detail or ""] for e in events]
+    fmt.table(["AT (UTC)", "EVENT", "TOKEN", "OWNER", "DETAIL"], rows, "  ")
 
 
 @fence.command()
@@ -145,13 +155,13 @@ def show(ctx: click.Context, key: str) -> None:
 @click.pass_context
 def release(ctx: click.Context, key: str, yes: bool) -> None:
     """Admin release: bump KEY's token so any holder is fenced out, and free the key."""
-    with _store(ctx) as store:
+    with _store(ctx, needs=(AdminStore,)) as store:
         state = store.get(key)
         if state is None:
             raise FenceCommandError(f"the store knows no key {key!r}")
         if not yes:
             click.confirm(
-                f"Release {key!r} ({_state(state)}, token {state.token}, owner {state.owner or '-'})? "
+                f"Release {key!r} ({fmt.state(state)}, token {state.token}, owner {state.owner or '-'})? "
                 "Its holder's writes will be refused",
                 abort=True,
             )
@@ -168,15 +178,15 @@ def release(ctx: click.Context, key: str, yes: bool) -> None:
 @click.pass_context
 def verify_command(ctx: click.Context, key: str | None) -> None:
     """Check the history for fencing violations; exit code 1 if any."""
-    with _store(ctx) as store:
+    with _store(ctx, needs=(AuditStore, AdminStore)) as store:
         events, steps = read_store(store, key)
     violations = verify(events, steps)
     for v in violations:
-        at = "" if v.event is None else f"  [{_iso(v.event.at)}]"
+        at = "" if v.event is None else f"  [{fmt.iso(v.event.at)}]"
         click.echo(f"{v.key}  {v.rule}: {v.detail}{at}")
-    summary = f"in {_count(len(events), 'event')} over {_count(len(steps), 'key')}"
+    summary = f"in {fmt.count(len(events), 'event')} over {fmt.count(len(steps), 'key')}"
     if violations:
-        click.echo(f"{_count(len(violations), 'violation')} {summary}")
+        click.echo(f"{fmt.count(len(violations), 'violation')} {summary}")
         ctx.exit(1)
     click.echo(f"no violations {summary}")
 
@@ -194,13 +204,13 @@ def prune(ctx: click.Context, older_than: float, force: bool) -> None:
     fence_prune_min_age (default: the broker's visibility_timeout, else 3600 s), or a message the broker
     redelivers after the prune runs the finished task again; --force prunes younger keys anyway.
     """
-    with _store(ctx) as store:
+    with _store(ctx, needs=(AdminStore,)) as store:
         floor = check_prune_age(ctx.obj.app.conf, older_than, force)  # refused: the store is unchanged
         count = store.prune(older_than)
-    click.echo(f"pruned {_count(count, 'finished key')} older than {_seconds(older_than)}")
+    click.echo(f"pruned {fmt.count(count, 'finished key')} older than {fmt.seconds(older_than)}")
     if older_than < floor:
         warning = "a redelivered message of a pruned key runs again ('fence verify': reopened-after-prune)"
-        click.echo(f"forced below fence_prune_min_age ({_seconds(floor)}): {warning}", err=True)
+        click.echo(f"forced below fence_prune_min_age ({fmt.seconds(floor)}): {warning}", err=True)
 
 
 @fence.command()
@@ -212,7 +222,7 @@ def advance(ctx: click.Context, gap: int) -> None:
     A failover to an asynchronous replica or a restore from backup can move the counter back below tokens
     already issued; a store that notices refuses to issue tokens (TokenRewound) until this is run.
     """
-    with _store(ctx) as store:
+    with _store(ctx, needs=(AdminStore,)) as store:
         floor = store.advance(gap)
     click.echo(f"token counter advanced by {gap}: every token issued from now on is above {floor}")
     click.echo("(run this after a store failover or a restore from backup: either can move the counter back)")
@@ -226,7 +236,7 @@ def advance(ctx: click.Context, gap: int) -> None:
 def recover(ctx: click.Context, grace: float | None) -> None:
     """Send again the runs whose lease expired without completion (brokers that lost their message)."""
     app = ctx.obj.app
-    with _store(ctx) as store:
+    with _store(ctx, needs=(RecoveryStore,)) as store:
         load_tasks(app)  # as a worker does: its include, imports and autodiscovered modules
         config = runtime_for(app).config
         report = recover_abandoned(
@@ -237,7 +247,8 @@ def recover(ctx: click.Context, grace: float | None) -> None:
         click.echo(f"re-sent {key}{unknown if key in report.foreign else ''}")
     for key in report.dead:
         click.echo(f"gave up on {key} (marked dead; see 'celery fence show {key}')")
-    click.echo(f"{_count(len(report.resent), 'run')} re-sent, {_count(len(report.dead), 'key')} marked dead")
+    resent, dead = fmt.count(len(report.resent), "run"), fmt.count(len(report.dead), "key")
+    click.echo(f"{resent} re-sent, {dead} marked dead")
 
 
 def _add_worker_options() -> None:
@@ -249,45 +260,3 @@ def _add_worker_options() -> None:
 
 
 _add_worker_options()
-
-
-def _state(s: LeaseState) -> str:
-    if s.dead:
-        return "dead"
-    if s.done:
-        return "done"
-    if s.expires_in is None:
-        return "released"
-    return "live" if s.expires_in > 0 else "expired"
-
-
-def _recovery(s: LeaseState) -> str:
-    """Recovery copies: started and lost (they count against fence_max_recoveries), sent not started."""
-    parts = [f"{s.recoveries} lost"] if s.recoveries else []
-    parts += [f"{s.recovery_sent} sent, not started"] if s.recovery_sent else []
-    return ", ".join(parts) or "-"
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "") -> None:
-    """Print plain-text columns; nothing at all when there are no rows."""
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows] if rows else []:
-        click.echo(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-
-
-def _iso(at: float) -> str:
-    moment = datetime.fromtimestamp(at, timezone.utc)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}s"
-
-
-def _value(value: Any) -> str:
-    text = json.dumps(value, default=repr)
-    return text if len(text) <= VALUE_WIDTH else text[: VALUE_WIDTH - 3] + "..."

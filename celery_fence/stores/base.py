@@ -13,7 +13,16 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState
 
-__all__ = ["EVENTS", "FencedConnectionStore", "Store"]
+__all__ = [
+    "EVENTS",
+    "AdminStore",
+    "AuditStore",
+    "FencedConnectionStore",
+    "RecoveryStore",
+    "RunStore",
+    "Store",
+    "lacking",
+]
 
 # The vocabulary of ``HistoryEvent.event``; ``fence verify`` reads these.
 EVENTS = (
@@ -34,8 +43,9 @@ EVENTS = (
 
 
 @runtime_checkable
-class Store(Protocol):
-    """A lease store. Implementations hold their own clients and are created per process, after fork."""
+class RunStore(Protocol):
+    """What a run needs of a store. A third-party store implements at least this and passes the contract
+    suite; the other roles are optional, and the ``fence`` commands name the one a store lacks."""
 
     url: str
     # The largest encoded result, step value or run record (bytes of kombu-dialect JSON) the store takes in
@@ -80,8 +90,21 @@ class Store(Protocol):
     def get(self, key: str) -> LeaseState | None:
         """The key's state, or ``None`` for a key the store has never seen (or pruned)."""
 
+    def close(self) -> None:
+        """Release the store's connections. Idempotent."""
+
+
+@runtime_checkable
+class AuditStore(Protocol):
+    """What the audit trail needs: ``fence show``, ``fence verify``."""
+
     def history(self, key: str | None = None) -> list[HistoryEvent]:
         """The audit trail of ``key`` (of every key if ``None``), oldest first."""
+
+
+@runtime_checkable
+class AdminStore(Protocol):
+    """What administration needs: ``fence leases``, ``release``, ``prune``, ``advance``."""
 
     def leases(self) -> list[LeaseState]:
         """Every key the store holds, live, expired or done (for ``celery fence leases``)."""
@@ -102,6 +125,11 @@ class Store(Protocol):
 
     def advance(self, gap: int) -> int:
         """Move the token counter forward by ``gap`` (after a failover or restore). Returns the new floor."""
+
+
+@runtime_checkable
+class RecoveryStore(Protocol):
+    """What recovery needs (``fence recover``, the recovery step), and the record of a run that gave up."""
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
         """Keys whose lease expired over ``grace`` seconds ago without completion, not dead, and not
@@ -132,8 +160,17 @@ class Store(Protocol):
         after recovery gave up.
         """
 
-    def close(self) -> None:
-        """Release the store's connections. Idempotent."""
+
+@runtime_checkable
+class Store(RunStore, AuditStore, AdminStore, RecoveryStore, Protocol):
+    """A lease store with every role: what the built-in stores are. Implementations hold their own clients
+    and are created per process, after fork."""
+
+
+def lacking(store: object, role: type) -> list[str]:
+    """The methods of ``role`` (one of the protocols above) that ``store`` does not have."""
+    wanted = [name for name, value in vars(role).items() if callable(value) and not name.startswith("_")]
+    return [name for name in wanted if not callable(getattr(store, name, None))]
 
 
 @runtime_checkable
