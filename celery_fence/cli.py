@@ -62,12 +62,12 @@ def _store(ctx: click.Context, *, must_exist: bool = True, needs: tuple[type, ..
 
 
 def _require(ctx: click.Context, store: Store, roles: tuple[type, ...]) -> None:
-    missing = [(role.__name__, lacking(store, role)) for role in roles if lacking(store, role)]
-    for role, methods in missing:
-        raise FenceCommandError(
-            f"'fence {ctx.info_name}' needs a store with the {role} role; {mask_url(store.url)} lacks "
-            f"{', '.join(methods)} (see celery_fence.stores.base)"
-        )
+    for role in roles:
+        if methods := lacking(store, role):
+            raise FenceCommandError(
+                f"'fence {ctx.info_name}' needs a store with the {role.__name__} role; {mask_url(store.url)} "
+                f"lacks {', '.join(methods)} (see celery_fence.stores.base)"
+            )
 
 
 def _refuse_missing_file(ctx: click.Context, url: str) -> None:
