@@ -30,8 +30,6 @@ class FenceRuntime:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.config = FenceConfig.from_conf(app.conf)
-        # Read once per process, not once per run: the settings are final by the time a task runs.
-        self.task_events = self.config.send_events and bool(app.conf.worker_send_task_events)
         self.new_owner = OwnerNames()
         self._store: Store | None = None
         self._renewer: Renewer | None = None

@@ -82,8 +82,6 @@ def check_worker_at_start(sender: Any = None, instance: Any = None, **_: Any) ->
     tasks = [] if app is None else _fenced_tasks(app)
     if not tasks:
         return
-    if getattr(worker, "task_events", False):  # -E: let the children send task-fence-acquired too
-        app.conf.worker_send_task_events = True
     pool = getattr(getattr(worker, "pool_cls", None), "__module__", "").rsplit(".", 1)[-1]
     try:
         _log_warnings(check_settings(app.conf, pool, tasks))
