@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_fence import FencedTask, StoreUnavailable, owed
-from celery_fence.bootstep import settle_owed_records
-from celery_fence.owed import OwedRecords, Stranded
-from celery_fence.runtime import runtime_for
+from celery_fence import FencedTask, StoreUnavailable
+from celery_fence import _owed as owed
+from celery_fence._owed import OwedRecords, Stranded
+from celery_fence._runtime import runtime_for
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome
+from celery_fence.worker.bootstep import settle_owed_records
 
 RUN = {"task": "shop.charge", "id": "t-1", "args": [1], "kwargs": {}}
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_fence.bootstep import FenceRecovery
+from celery_fence.worker.bootstep import FenceRecovery
 
 
 def _worker(conf: dict[str, Any]) -> Any:

@@ -9,13 +9,13 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from ._spelling import unknown_settings
-from ._store_probe import probe_store
-from ._task_checks import Acks, acks_warnings, task_warnings
-from .config import FenceConfig
-from .errors import ConfigurationError
-from .lease import LeasePolicy
-from .stores import Capabilities, capabilities_for, check_store_url
+from ..config import FenceConfig
+from ..errors import ConfigurationError
+from ..lease import LeasePolicy
+from ..stores import Capabilities, capabilities_for, check_store_url
+from .spelling import unknown_settings
+from .store_probe import probe_store
+from .task_checks import Acks, acks_warnings, task_warnings
 
 __all__ = ["check_settings", "check_worker_at_start", "stop_worker"]
 
@@ -103,6 +103,6 @@ def _log_warnings(warnings: list[str]) -> None:
 
 
 def _fenced_tasks(app: Any) -> list[Any]:
-    from .task import FencedTask
+    from ..task import FencedTask
 
     return [task for task in app.tasks.values() if isinstance(task, FencedTask)]

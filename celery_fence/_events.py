@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .runtime import runtime_for
+from ._runtime import runtime_for
 
 __all__ = ["send_fence_event"]
 

@@ -1,6 +1,6 @@
 """Records a worker process owes its store: the ``strand`` of each run that gave up waiting out an unavailable
 store (``FencedTask.wait_out``). The store is down when a run gives up, so the record usually cannot be
-written then; the process's :class:`~celery_fence.runtime.FenceRuntime` keeps it and writes it once the
+written then; the process's :class:`~celery_fence._runtime.FenceRuntime` keeps it and writes it once the
 store answers again (after the next acquire that succeeds in the process), or when it closes. A record still
 owed then is logged at ``ERROR``: never dropped silently.
 """
