@@ -18,7 +18,8 @@ from ..config import metrics_addr, metrics_port
 from ..errors import ConfigurationError, StoreUnavailable
 from ..metrics import FenceMetrics, prepare_multiprocess, serve_metrics
 from ..recovery import load_tasks, recover_abandoned
-from ..stores import Store, open_store
+from ..stores import Store, open_store, store_class
+from ..stores.base import RecoveryStore, lacking
 from ..stores.waits import ADMIN_LOCK_WAIT, lock_wait
 from .election import Election
 from .startup import stop_worker
@@ -82,8 +83,13 @@ class FenceRecovery(bootsteps.StartStopStep):  # type: ignore[misc]  # celery sh
         self.election: Election | None = None
 
     def start(self, worker: Any) -> None:
-        load_tasks(worker.app)  # done by the worker already; cheap, and the same rule as the CLI's
         config = runtime_for(worker.app).config
+        missing = lacking(store_class(config.store_url), RecoveryStore)
+        if missing:  # a third party's store may keep only what a run needs
+            lacks = ", ".join(missing)
+            log.warning("celery-fence: no recovery: the store has no recovery role (it lacks %s)", lacks)
+            return
+        load_tasks(worker.app)  # done by the worker already; cheap, and the same rule as the CLI's
         interval = self.interval or config.policy.ttl
         self.election = Election(ttl=3 * interval)  # outlives two missed passes
         self.tref = worker.timer.call_repeatedly(interval, self.run, (worker,), priority=10)
