@@ -7,7 +7,8 @@ then resumed: FENCE-REFUSED) and a lost lease (an admin ``celery fence release``
 checks: FENCE-LOST). Once Flower's ``/api/tasks`` shows every state it takes PNGs of the tasks page and of
 the refused task's page with headless Chromium, into ``docs/img/``.
 
-Needs Redis on 127.0.0.1:6379 (DB 7, flushed; ``FLOWER_SHOT_REDIS`` for another), Flower (the ``flower`` extra) and ``/usr/bin/chromium``
+Needs Redis on 127.0.0.1:6379 (DB 7, flushed; ``FLOWER_SHOT_REDIS`` for another), Flower (the ``flower``
+extra) and ``/usr/bin/chromium``
 (``CHROMIUM`` to change). ``FLOWER_SHOT_SRC``: a folder with a ``celery_fence/`` to run instead of the
 working tree's (the processes start in it).
 """
