@@ -23,7 +23,7 @@ from .deps import ensure_bench_extra
 from .stores import STORES
 
 HERE = Path(__file__).resolve().parent
-MODULES = ("throughput", "roundtrips", "store_ops", "renew", "takeover", "acquire_scaling")
+MODULES = ("throughput", "roundtrips", "store_ops", "renew", "takeover", "acquire_scaling", "curve")
 
 
 def _log(message: str) -> None:
@@ -73,9 +73,13 @@ def _plan(args: argparse.Namespace) -> dict[str, Callable[[], dict[str, Any]]]:
 
         return m.run(100 if quick else 500, _log)
 
-    plan = dict(
-        zip(MODULES, (throughput, roundtrips, store_ops, renew, takeover, acquire_scaling), strict=True)
-    )
+    def curve() -> dict[str, Any]:
+        from . import curve as m
+
+        return m.run(args.rounds or (1 if quick else 5), args.tasks or (300 if quick else 1200), _log)
+
+    steps = (throughput, roundtrips, store_ops, renew, takeover, acquire_scaling, curve)
+    plan = dict(zip(MODULES, steps, strict=True))
     return {name: plan[name] for name in args.only}
 
 
@@ -88,8 +92,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--stores", default=",".join(STORES), help=f"comma-separated, of: {', '.join(STORES)}"
     )
-    parser.add_argument("--rounds", type=int, help="throughput rounds (default 5, quick 1)")
-    parser.add_argument("--tasks", type=int, help="throughput tasks per batch (default 1200, quick 300)")
+    parser.add_argument("--rounds", type=int, help="throughput and curve rounds (default 5, quick 1)")
+    parser.add_argument(
+        "--tasks", type=int, help="throughput and curve tasks per batch (default 1200, quick 300)"
+    )
     parser.add_argument("--no-docs", action="store_true", help="leave docs/performance.md alone")
     args = parser.parse_args(argv)
     args.only = [m.strip() for m in args.only.split(",") if m.strip()]

@@ -37,7 +37,8 @@ SELECT 'filled:' || g, extract(epoch from clock_timestamp()), 'complete', g, 'be
 FROM generate_series(CAST(:start AS bigint), CAST(:stop AS bigint)) g"""
 
 
-def _fill(url: str, start: int, stop: int) -> float:
+def fill(url: str, start: int, stop: int) -> float:
+    """Finished leases start..stop (and a history line each) in the store at ``url``; seconds taken."""
     engine = create_engine(url)
     began = time.perf_counter()
     with engine.begin() as conn:
@@ -75,7 +76,7 @@ def run(acquires: int, log: Any, sizes: tuple[int, ...] = SIZES, rounds: int = 5
         for size in sizes:  # one schema per size, all filled first, then measured in alternating rounds
             schema = stack.enter_context(pg_schema(f"scale{size}"))
             url = stack.enter_context(lease_store("postgresql", schema)).url
-            fill_s = retrying(lambda: _fill(url, 1, size))  # noqa: B023
+            fill_s = retrying(lambda: fill(url, 1, size))  # noqa: B023
             out[str(size)] = {"fill_seconds": round(fill_s, 2)}
             stores[size] = stack.enter_context(opened(url))
             _latencies(stores[size], 0, 50)

@@ -5,7 +5,7 @@ prefork, ``task_acks_late``, ``worker_prefetch_multiplier`` 4 (Celery's default)
 (``task_ignore_result``): a fenced run keeps its result in its lease store, the hand-written fence in its
 table, fencekit in its row or key. Env:
 
-- ``FENCE_BENCH_BROKER``: broker URL (Redis db 11 by default);
+- ``FENCE_BENCH_BROKER``: broker URL (default ``FENCE_BENCH_REDIS``'s, Redis db 11);
 - ``FENCE_BENCH_STORE``, ``FENCE_BENCH_TTL``: the ``FencedTask`` lease store and ttl (30 s);
 - ``FENCE_BENCH_PG_DSN``: psycopg DSN of the run's schema (hand-written fence, fencekit's row);
 - ``FENCE_BENCH_PEER_REDIS``: the peers' Redis;
@@ -29,9 +29,11 @@ from celery_once import QueueOnce
 from celery_fence import FencedTask
 
 from . import handwritten, peers
+from .services import REDIS_URL
 
 env = os.environ.get
-app = Celery("bench", broker=env("FENCE_BENCH_BROKER", "redis://127.0.0.1:6379/11"))
+# the producer (the benchmark process) sets no FENCE_BENCH_BROKER: it publishes where FENCE_BENCH_REDIS says
+app = Celery("bench", broker=env("FENCE_BENCH_BROKER", REDIS_URL))
 app.conf.update(
     fence_store_url=env("FENCE_BENCH_STORE", "memory://"),
     fence_lease_ttl=float(env("FENCE_BENCH_TTL", "30")),

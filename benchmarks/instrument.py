@@ -5,7 +5,8 @@
   every ``commit``/``rollback`` that actually has a transaction to end; SQLite: every ``sqlite3`` cursor
   ``execute``/``executemany`` (in-process: statements, not network round trips);
 - Redis: every command written to a socket of the store's server (``Connection.send_packed_command``);
-- etcd: every HTTP request sent to the store's endpoint (``EtcdConnection.request``, resends included).
+- etcd: every HTTP request sent to the store's endpoint (``http.client.HTTPConnection.request``, which the
+  store's keep-alive connections use; resends included).
 
 After each task, the process writes ``<dir>/<pid>.json``: ``{"tasks": n, "total": n, "by_kind": {...}}``.
 """
@@ -109,16 +110,16 @@ def _install_redis(port: int) -> None:
 
 
 def _install_etcd(netloc: str) -> None:
-    from celery_fence.stores.etcd.http import EtcdConnection
+    from http.client import HTTPConnection
 
-    original = EtcdConnection.request
+    original = HTTPConnection.request
 
     def counting(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> None:
         if f"{self.host}:{self.port}" == netloc:
             _count(f"etcd {url}")
         original(self, method, url, *args, **kwargs)
 
-    EtcdConnection.request = counting  # type: ignore[method-assign]
+    HTTPConnection.request = counting  # type: ignore[method-assign]
 
 
 def count_round_trips(store_url: str) -> Counter[str]:

@@ -23,8 +23,9 @@ from fencekit.celery import idempotent_task
 from fencekit.errors import LockNotOwned
 
 from .handwritten import connection
+from .services import REDIS_URL
 
-PEER_REDIS = os.environ.get("FENCE_BENCH_PEER_REDIS", "redis://127.0.0.1:6379/11")
+PEER_REDIS = os.environ.get("FENCE_BENCH_PEER_REDIS", REDIS_URL)
 FENCEKIT_PREFIX = "fence_bench_fk"
 ONCE_CONFIG = {
     "backend": "celery_once.backends.Redis",

@@ -88,13 +88,13 @@ def main(argv: list[str]) -> int:
         try:
             with (
                 lease_store(args.store, schema, private_redis=True) as lease,
-                throughput._worker(app, args.store, lease, schema) as worker,
+                throughput.bench_worker(app, args.store, lease, schema) as worker,
                 opened(lease.url) as store,
             ):
                 ctx = {"store": store, "schema": schema, "peer_redis": lease.redis_url or ""}
                 meter = CpuMeter(worker, lease.server_pid)
-                throughput._batch(app, meter, ctx, args.variant, 200)
-                rate, _send, cpu, _ok, _n = throughput._batch(app, meter, ctx, args.variant, args.tasks)
+                throughput.batch(app, meter, ctx, args.variant, 200)
+                rate, _send, cpu, _ok, _n = throughput.batch(app, meter, ctx, args.variant, args.tasks)
         finally:
             del os.environ["FENCE_BENCH_PROFILE"]
         print(f"{args.variant} on {args.store}: {rate:.0f} tasks/s under the profiler; CPU µs/task {cpu}")

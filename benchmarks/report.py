@@ -54,6 +54,27 @@ def figures(results: dict[str, Any]) -> dict[str, Any]:
         if isinstance(r, dict):
             flat[f"acquire_scaling/{size}_rows/median_us"] = r["median_us"]
             flat[f"acquire_scaling/{size}_rows/p99_us"] = r["p99_us"]
+    return flat | _curve(results.get("curve", {}))
+
+
+def _curve(curve: dict[str, Any]) -> dict[str, Any]:
+    """Tasks/s and the worker's and the store's (PostgreSQL backends') CPU per task, at each process count
+    and for the empty and the filled store."""
+    flat: dict[str, Any] = {}
+    processes = _stores(curve.get("processes"))
+    cells = [(f"{c}_processes", v, r) for c, r in processes for v in ("plain", "fenced")]
+    size = curve.get("store_size", {})
+    cells += [("store_size", s, size) for s in ("empty", "full") if s in size]
+    for where, v, r in cells:
+        cpu = r[v]["cpu_us_per_task"]
+        flat[f"curve/{where}/{v}/tasks_per_s"] = _mm(r[v]["tasks_per_s"])
+        flat[f"curve/{where}/{v}/worker_cpu_us_per_task"] = cpu["worker"]
+        flat[f"curve/{where}/{v}/store_cpu_us_per_task"] = cpu["postgres"]
+    for c, r in processes:
+        flat[f"curve/{c}_processes/fenced_over_plain"] = _mm(r["fenced_over_plain"])
+        flat[f"curve/{c}_processes/fence_cpu_us_per_task"] = _mm(r["fence_cpu_us_per_task"])
+    for key in ("full_over_empty", "store_cpu_full_over_empty") if size else ():
+        flat[f"curve/store_size/{key}"] = _mm(size[key])
     return flat
 
 
@@ -126,6 +147,13 @@ def summary_text(results: dict[str, Any], elapsed: float) -> str:
         )
         over_plain = span(group["ratio_to_plain"]["fenced"], "{:.2f}")
         lines.append(f"  {store:<10} plain {plain:.0f}/s; fenced/plain {over_plain}; fenced over: {vs}")
+    curve = results.get("curve", {})
+    if "processes" in curve:
+        pairs = _stores(curve["processes"])
+        text = ", ".join(f"{c} {span(r['fenced_over_plain'], '{:.2f}')}" for c, r in pairs)
+        lines.append(f"  curve: fenced/plain by worker processes: {text}")
+    if "store_size" in curve:
+        lines.append(f"  curve: 100,000 keys / empty store: {span(curve['store_size']['full_over_empty'])}")
     for t in results.get("targets", []):
         mark = {True: "MET   ", False: "MISSED", None: "n/a   "}[t["met"]]
         lines.append(f"  [{mark}] {t['target']}: {t['measured']}")

@@ -53,6 +53,63 @@ def _throughput(tp: dict[str, Any], labels: dict[str, str]) -> list[str]:
     return out
 
 
+def _cpu(cpu: dict[str, float]) -> str:
+    return f"{cpu['worker']:.0f} + {cpu['postgres']:.0f}"
+
+
+def _curve(curve: dict[str, Any], cores: Any) -> list[str]:
+    s, out = curve.get("settings", {}), []
+    each = f"{s.get('rounds')} alternating rounds, {s.get('tasks_per_batch')} tasks per batch"
+    if "processes" in curve:
+        out += [
+            f"### Cost curve: worker processes on one PostgreSQL store ({each}; this machine has {cores} "
+            "cores: read cost per task and contention, not scaling)",
+            "",
+        ]
+        head = ["processes (-c)", "plain tasks/s", "FencedTask tasks/s", "fenced / plain"]
+        head += ["CPU µs/task plain (worker + store)", "FencedTask (worker + store)", "fence's CPU µs/task"]
+        head += ["effects"]
+        rows = []
+        for c, r in curve["processes"].items():
+            plain, fenced = r["plain"], r["fenced"]
+            rows.append(
+                [
+                    c,
+                    span(plain["tasks_per_s"], "{:.0f}"),
+                    span(fenced["tasks_per_s"], "{:.0f}"),
+                    span(r["fenced_over_plain"], "{:.2f}"),
+                    _cpu(plain["cpu_us_per_task"]),
+                    _cpu(fenced["cpu_us_per_task"]),
+                    span(r["fence_cpu_us_per_task"], "{:.0f}"),
+                    fenced["effects_checked"],
+                ]
+            )
+        out += _table(head, rows)
+    if "store_size" in curve:
+        size = curve["store_size"]
+        out += [
+            f"### FencedTask with {s.get('filled_keys', 0):,} finished keys in the store against an empty "
+            f"store (-c {s.get('store_size_concurrency')}, {each})",
+            "",
+        ]
+        head = ["store", "keys at the end", "tasks/s", "/ empty", "CPU µs/task (worker + store)"]
+        head += ["store CPU / empty", "effects"]
+        rows = [
+            [
+                name,
+                f"{size[name]['keys_at_end']:,}",
+                span(size[name]["tasks_per_s"], "{:.0f}"),
+                "" if name == "empty" else span(size["full_over_empty"], "{:.2f}"),
+                _cpu(size[name]["cpu_us_per_task"]),
+                "" if name == "empty" else span(size["store_cpu_full_over_empty"], "{:.2f}"),
+                size[name]["effects_checked"],
+            ]
+            for name in ("empty", "full")
+        ]
+        out += _table(head, rows)
+    return out
+
+
 def tables(results: dict[str, Any], labels: dict[str, str]) -> str:
     m = results.get("machine", {})
     out = [
@@ -134,6 +191,8 @@ def tables(results: dict[str, Any], labels: dict[str, str]) -> str:
         ]
         out += ["### Acquire latency vs rows in fence_leases (PostgreSQL)", ""]
         out += _table(["rows", "median µs", "p99 µs", "fill s"], rows)
+    if "curve" in results:
+        out += _curve(results["curve"], m.get("cores"))
     if "targets" in results:
         rows = [
             [t["target"], t["measured"], {True: "met", False: "**missed**", None: "n/a"}[t["met"]]]

@@ -2,11 +2,12 @@
 psycopg, at 1, 4 and 16 connections (one process per connection: Celery's prefork model, and no GIL
 between the connections), PostgreSQL.
 
-The direct side runs the library's own SQL (``queries_for("postgresql")`` compiled by SQLAlchemy's psycopg
-dialect to psycopg's ``%(name)s`` format) in autocommit, one connection per process, encoding the result
-with ``json.dumps`` as the library does. The library side calls ``store.acquire`` / ``store.complete`` on
-one ``SQLStore`` per process. Both write the same tables with the same trigger. Each measurement runs a
-fixed time; library and direct alternate within each round.
+The direct side runs the library's own SQL in autocommit, one connection per process, encoding the result
+with ``json.dumps`` as the library does: the two statements the store hands psycopg for one acquire and one
+complete, recorded once (the text, in psycopg's ``%(name)s`` format). The library
+side calls ``store.acquire`` / ``store.complete`` on one store (``open_store``) per process. Both write the
+same tables with the same trigger. Each measurement runs a fixed time; library and direct alternate within
+each round.
 """
 
 from __future__ import annotations
@@ -14,32 +15,53 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing
+import re
 import time
 import uuid
+from functools import partial
 from typing import Any
+
+from celery_fence import open_store
 
 from .services import pg_schema
 from .stats import ratios, summary
-from .stores import lease_store
+from .stores import lease_store, opened
 
 CONNECTIONS = (1, 4, 16)
 WARMUP = 30
 
 
-def compiled_sql() -> tuple[str, str]:
-    """The library's acquire and complete statements in psycopg's parameter format."""
-    from sqlalchemy.dialects.postgresql.psycopg import dialect
+ACQUIRE_PARAMS, COMPLETE_PARAMS = {"key", "owner", "ttl", "run"}, {"key", "token", "result"}
 
-    from celery_fence.stores.sql.queries import queries_for
 
-    queries, pg = queries_for("postgresql"), dialect()
-    return str(queries.acquire.compile(dialect=pg)), str(queries.complete.compile(dialect=pg))
+def store_sql(url: str) -> tuple[str, str]:
+    """The acquire and complete statements the store at ``url`` sends through psycopg, recorded during one
+    ``store.acquire`` + ``store.complete`` (public calls only); checked to name no parameter that the direct
+    side does not pass."""
+    import psycopg
+
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def recording(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, params, **kwargs)
+
+    psycopg.Cursor.execute = recording  # type: ignore[method-assign]
+    try:
+        with opened(url) as store:
+            store.complete(store.acquire(f"sql-{uuid.uuid4().hex[:8]}", "bench-owner", 30.0), {})
+    finally:
+        psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+    acquire, complete = sent[-2:]  # the schema check, if any, comes first
+    needs = (set(re.findall(r"%\((\w+)\)s", acquire)), set(re.findall(r"%\((\w+)\)s", complete)))
+    if not (needs[0] <= ACQUIRE_PARAMS and needs[1] <= COMPLETE_PARAMS):
+        raise RuntimeError(f"the store's statements take {needs}: update the direct side's parameters")
+    return acquire, complete
 
 
 def _library(url: str, prefix: str, seconds: float, barrier: Any, out: Any) -> None:
-    from celery_fence.stores.sql import SQLStore
-
-    store = SQLStore(url)
+    store = open_store(url)
 
     def cycle(key: str) -> None:
         store.complete(store.acquire(key, "bench-owner", 30.0), {"key": key})
@@ -48,10 +70,10 @@ def _library(url: str, prefix: str, seconds: float, barrier: Any, out: Any) -> N
     store.close()
 
 
-def _direct(dsn: str, prefix: str, seconds: float, barrier: Any, out: Any) -> None:
+def _direct(dsn: str, sql: tuple[str, str], prefix: str, seconds: float, barrier: Any, out: Any) -> None:
     import psycopg
 
-    acquire, complete = compiled_sql()
+    acquire, complete = sql
     conns = [psycopg.connect(dsn, autocommit=True)]
 
     def cycle(key: str) -> None:
@@ -84,13 +106,13 @@ def _timed(cycle: Any, prefix: str, seconds: float, barrier: Any) -> tuple[int, 
     return done, failed
 
 
-def _measure(side: str, url: str, dsn: str, connections: int, seconds: float) -> float:
+def _measure(side: str, url: str, dsn: str, connections: int, seconds: float) -> tuple[float, int]:
     ctx = multiprocessing.get_context("fork")
     barrier, out = ctx.Barrier(connections + 1), ctx.Queue()
     run = uuid.uuid4().hex[:8]
-    target, where = (_library, url) if side == "library" else (_direct, dsn)
+    target = partial(_library, url) if side == "library" else partial(_direct, dsn, store_sql(url))
     procs = [
-        ctx.Process(target=target, args=(where, f"{side}:{run}:{p}", seconds, barrier, out))
+        ctx.Process(target=target, args=(f"{side}:{run}:{p}", seconds, barrier, out))
         for p in range(connections)
     ]
     for proc in procs:

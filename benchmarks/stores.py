@@ -72,10 +72,10 @@ def _migrated(url: str) -> str:
 
 @contextlib.contextmanager
 def opened(url: str) -> Iterator[Any]:
+    """The store at ``url``, closed afterwards (an etcd store's leases run out by their ttl, on a private
+    server stopped with its ``lease_store``)."""
     store = open_store(url)
     try:
         yield store
     finally:
-        if hasattr(store, "etcd_leases"):
-            store.etcd_leases.revoke_all()
         store.close()

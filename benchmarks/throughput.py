@@ -62,7 +62,7 @@ def run(rounds: int, tasks: int, stores: list[str], log: Any) -> dict[str, Any]:
         for kind in stores:
             with (
                 lease_store(kind, schema, private_redis=True) as store,
-                _worker(app, kind, store, schema) as w,
+                bench_worker(app, kind, store, schema) as w,
             ):
                 n = int(tasks * SCALE.get(kind, 1.0))
                 out[kind] = {"tasks_per_batch": n, **_group(app, w, kind, store, schema, rounds, n, log)}
@@ -79,7 +79,10 @@ def _create_user_tables(schema: PgSchema) -> None:
 
 
 @contextlib.contextmanager
-def _worker(app: Any, kind: str, store: LeaseStore, schema: PgSchema) -> Iterator[Worker]:
+def bench_worker(
+    app: Any, kind: str, store: LeaseStore, schema: PgSchema, queue: str = LIVE, concurrency: int = 2
+) -> Iterator[Worker]:
+    """A worker ``-c concurrency`` of the bench app on ``queue``, its fenced tasks on ``store``."""
     peer_redis = store.redis_url or peers.PEER_REDIS
     env = {
         "FENCE_BENCH_STORE": store.url,
@@ -89,8 +92,8 @@ def _worker(app: Any, kind: str, store: LeaseStore, schema: PgSchema) -> Iterato
     }
     _point_celery_once(app, peer_redis)  # the producer side takes celery-once's lock on the same Redis
     with redis_client() as client:
-        client.delete(LIVE, STAGE, "unacked", "unacked_index")
-    with Worker(f"tp-{kind}", env, LIVE) as worker:
+        client.delete(queue, STAGE, "unacked", "unacked_index")
+    with Worker(f"tp-{kind}", env, queue, concurrency) as worker:
         yield worker
 
 
@@ -113,12 +116,12 @@ def _group(
     with opened(lease.url) as store:
         ctx = {"store": store, "schema": schema, "peer_redis": lease.redis_url or peers.PEER_REDIS}
         for variant in variants:  # warm-up: connections, prepared statements, scripts (not recorded)
-            _batch(app, meter, ctx, variant, max(50, n // 10))
+            batch(app, meter, ctx, variant, max(50, n // 10))
         for r in range(rounds):
             order = variants[r % len(variants) :] + variants[: r % len(variants)]
             for variant in order:
-                batch = functools.partial(_batch, app, meter, ctx, variant, n)
-                rate, send_us, cpu, ok, sampled = _undisturbed(worker, log, batch)
+                one = functools.partial(batch, app, meter, ctx, variant, n)
+                rate, send_us, cpu, ok, sampled = undisturbed(worker, log, one)
                 rates[variant].append(rate)
                 sends[variant].append(send_us)
                 cpus[variant].append(cpu)
@@ -134,31 +137,32 @@ def _group(
         "tasks_per_s": {v: summary(rates[v], 1) for v in variants},
         "ratio_to_plain": {v: summary(ratios(rates[v], rates["plain"])) for v in variants},
         "fenced_over": {v: summary(ratios(rates["fenced"], rates[v])) for v in variants if v != "fenced"},
-        "cpu_us_per_task": {v: _cpu_summary(cpus[v]) for v in variants},
+        "cpu_us_per_task": {v: cpu_summary(cpus[v]) for v in variants},
         "send_us_per_task": {v: summary(sends[v], 1) for v in variants},
         "effects_checked": {v: f"{c[0]}/{c[1]}" for v, c in checked.items()},
         "worker_errors": errors[-2000:],
     }
 
 
-def _undisturbed(worker: Worker, log: Any, batch: Any, attempts: int = 3) -> Any:
-    """Run ``batch``; again (up to ``attempts``) while the worker logged a lost connection meanwhile."""
+def undisturbed(worker: Worker, log: Any, one_batch: Any, attempts: int = 3) -> Any:
+    """Run ``one_batch``; again (up to ``attempts``) while the worker logged a lost connection meanwhile."""
     for attempt in range(attempts):
         before = worker.disturbances()
-        result = batch()
+        result = one_batch()
         if worker.disturbances() == before:
             return result
         log(f"  (a connection was lost during the batch: run again, attempt {attempt + 2})")
     return result
 
 
-def _cpu_summary(readings: list[dict[str, float]]) -> dict[str, Any]:
+def cpu_summary(readings: list[dict[str, float]]) -> dict[str, Any]:
     return {part: summary([r[part] for r in readings], 1)["median"] for part in readings[0]}
 
 
-def _batch(app: Any, meter: CpuMeter, ctx: dict[str, Any], variant: str, n: int) -> tuple[Any, ...]:
-    """Publish, release and drain one batch: (tasks/s, send µs/task, CPU µs/task, effects ok, sampled)."""
-    task, tag = app.tasks[f"bench.{variant}"], uuid.uuid4().hex[:10]
+def batch(app: Any, meter: CpuMeter, ctx: dict[str, Any], variant: str, n: int) -> tuple[Any, ...]:
+    """Publish, release (into ``ctx["live"]``, default the queue of :func:`bench_worker`) and drain one
+    batch: (tasks/s, send µs/task, CPU µs/task, effects ok, sampled)."""
+    task, tag, live = app.tasks[f"bench.{variant}"], uuid.uuid4().hex[:10], ctx.get("live", LIVE)
     if variant == "fencekit_pg":  # fencekit's fenced_update writes an existing job row, as in its README
         _insert_jobs(ctx["schema"], tag, n)
     with redis_client() as client:
@@ -171,17 +175,17 @@ def _batch(app: Any, meter: CpuMeter, ctx: dict[str, Any], variant: str, n: int)
         wait_for(lambda: client.llen(STAGE) == n, 30, "the staged batch")
         cpu_before = meter.read()
         started = time.perf_counter()
-        client.rename(STAGE, LIVE)
-        wait_for(lambda: _drained(client), 600, f"{variant} batch drained", poll=0.002)
+        client.rename(STAGE, live)
+        wait_for(lambda: _drained(client, live), 600, f"{variant} batch drained", poll=0.002)
         elapsed = time.perf_counter() - started
         cpu = meter.per_task(cpu_before, meter.read(), n)
     ok, sampled = retrying(lambda: _check(ctx, variant, tag, ids))
     return n / elapsed, send_us, cpu, ok, sampled
 
 
-def _drained(client: Any) -> bool:
+def _drained(client: Any, live: str) -> bool:
     pipe = client.pipeline(transaction=False)
-    pipe.llen(LIVE)
+    pipe.llen(live)
     pipe.hlen("unacked")
     queued, unacked = pipe.execute()
     return bool(queued == 0 and unacked == 0)
