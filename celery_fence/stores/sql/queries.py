@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import TextClause, text
 
 from ...lease import MAX_TOKEN
+from .schema import SELF_LOGGED
 
 __all__ = ["Queries", "queries_for"]
 
@@ -46,6 +47,21 @@ class _Dialect:
     # LeaseHeld) instead of waiting behind it: the CTE's NOWAIT lock is taken because the WHERE reads it.
     probe: str = ""
     probe_where: str = "WHERE true"  # SQLite needs a WHERE on INSERT ... SELECT ... ON CONFLICT
+    # PostgreSQL's acquire and complete write their own history line (schema.SELF_LOGGED); SQLite's
+    # triggers are cheap and its CTEs cannot modify data.
+    self_logged: str = "NULL"
+
+    def logged(self, change: str, returning: str, probe: str = "") -> str:
+        """``change`` (an INSERT or UPDATE of one lease row) returning ``returning``, with its history line
+        written in the same statement where this dialect does that (the row's ``event`` is the line's)."""
+        if self.self_logged == "NULL":
+            return f"{probe}\n{change}\nRETURNING {returning}"
+        head = f"{probe}," if probe else "WITH"
+        return f"""{head} changed AS ({change}
+              RETURNING key, token, owner, event),
+            logged AS (INSERT INTO fence_history (key, at, event, token, owner, detail)
+              SELECT key, {self.now}, event, token, owner, NULL FROM changed)
+            SELECT {returning} FROM changed"""
 
 
 # Every nextval holds this advisory lock shared (to the end of its statement) and advance holds it
@@ -62,6 +78,7 @@ _POSTGRES = _Dialect(
     lock_counter=f"SELECT pg_advisory_xact_lock({_TOKENS_LOCK})",
     probe="WITH probe AS (SELECT 1 FROM fence_leases WHERE key = :key FOR UPDATE NOWAIT)",
     probe_where="WHERE (SELECT count(*) FROM probe) >= 0",
+    self_logged=f"({SELF_LOGGED})",
 )
 _SQLITE = _Dialect(
     now="((julianday('now') - 2440587.5) * 86400.0)",
@@ -109,31 +126,30 @@ def queries_for(dialect_name: str) -> Queries:
     )
     return Queries(
         # Take the lease if it is free or expired: one statement; no row back means held or done.
-        acquire=text(f"""
-            {d.probe}
-            INSERT INTO fence_leases (key, token, owner, expires_at, done, run, recoveries, event)
-            SELECT :key, {d.next_token}, :owner, {d.now} + :ttl, false, :run, 0, 'acquire'
+        acquire=text(d.logged(f"""
+            INSERT INTO fence_leases (key, token, owner, expires_at, done, run, recoveries, event, detail)
+            SELECT :key, {d.next_token}, :owner, {d.now} + :ttl, false, :run, 0, 'acquire', {d.self_logged}
             {d.probe_where}
             ON CONFLICT (key) DO UPDATE SET
               token = {d.next_token}, owner = excluded.owner, expires_at = {d.now} + :ttl,
-              run = excluded.run, detail = NULL, dead = NULL,
+              run = excluded.run, detail = excluded.detail, dead = NULL,
               recoveries = fence_leases.recoveries
                 + CASE WHEN fence_leases.recovery_sent > 0 THEN 1 ELSE 0 END,
               recovery_sent = 0,
               event = CASE WHEN fence_leases.expires_at IS NULL THEN 'acquire' ELSE 'takeover' END
             WHERE NOT fence_leases.done
-              AND (fence_leases.expires_at IS NULL OR fence_leases.expires_at <= {d.now})
-            RETURNING token, event"""),
+              AND (fence_leases.expires_at IS NULL OR fence_leases.expires_at <= {d.now})""",
+            "token, event", probe=d.probe)),
         state=text(f"SELECT {lease_cols} FROM fence_leases WHERE key = :key"),
         # Extend every current lease; the token never changes, so a lost reply is harmless.
         renew=text(f"""
             UPDATE fence_leases SET expires_at = {d.now} + :ttl
             WHERE (key, token) IN ({d.pairs}) AND {_HELD}
             RETURNING key, token"""),
-        complete=text(f"""
+        complete=text(d.logged(f"""
             UPDATE fence_leases SET done = true, result = :result, expires_at = NULL,
-              finished_at = {d.now}, event = 'complete', detail = NULL
-            WHERE {_CURRENT} RETURNING token"""),
+              finished_at = {d.now}, event = 'complete', detail = {d.self_logged}
+            WHERE {_CURRENT}""", "token")),
         release=text(f"""
             UPDATE fence_leases SET expires_at = NULL, event = 'release', detail = NULL
             WHERE {_CURRENT} RETURNING token"""),

@@ -1,10 +1,11 @@
 """The ``fence_*`` tables as SQLAlchemy ``MetaData`` (usable in a user's Alembic autogenerate), plus the
 triggers that write the audit trail.
 
-Every state change of a lease row names itself in the row's ``event`` column; a trigger copies each such
-change into ``fence_history`` in the same statement, so no code path can change a lease without leaving its
-line in the history, and the happy path stays one statement. The same trigger refuses a token that does not
-go up (a failover or restore rewound the counter).
+Every state change of a lease row names itself in the row's ``event`` column and lands in ``fence_history``
+in the same statement: a trigger copies each such change (PostgreSQL's acquire and complete write their
+line themselves, see ``SELF_LOGGED``), so no code path can change a lease without leaving its line in the
+history, and the happy path stays one statement. Another trigger refuses a token that does not go up (a
+failover or restore rewound the counter).
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from sqlalchemy import (
 from ...errors import ConfigurationError
 from ...lease import MAX_TOKEN
 
-__all__ = ["SCHEMA_VERSION", "metadata", "migrate", "schema_current"]
+__all__ = ["SCHEMA_VERSION", "SELF_LOGGED", "metadata", "migrate", "schema_current"]
 
 # 2: fence_leases.recovery_sent; tokens capped at 2**53 - 1 (sequence MAXVALUE, SQLite range triggers)
-SCHEMA_VERSION = 2
+# 3: PostgreSQL's acquire and complete log themselves; the audit and rewind triggers are apart (SELF_LOGGED)
+SCHEMA_VERSION = 3
 metadata = MetaData()
 token_seq = Sequence("fence_token_seq", maxvalue=MAX_TOKEN, metadata=metadata)
 
@@ -90,22 +92,35 @@ fence_counter = Table(  # SQLite's token source; PostgreSQL uses fence_token_seq
     Column("value", BigInteger, nullable=False),
 )
 
+# The hot statements (acquire, complete) write their own history line in the same statement (a
+# data-modifying CTE: queries.py) and mark the row with SELF_LOGGED in ``detail``; the audit trigger writes
+# the line of every other change. A plpgsql call per row cost as much as the history row itself. Statements
+# of an older celery-fence set ``detail`` to NULL, so during a rolling upgrade their changes are still
+# logged by the trigger. The rewind guard is a trigger of its own whose WHEN clause (no function call)
+# holds only for a token that did not go up.
+SELF_LOGGED = "chr(31) || 'self-logged'"  # SQL: no detail a person or a step name would write
+
 _PG_TRIGGER = """
+CREATE OR REPLACE FUNCTION fence_leases_rewound() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION USING ERRCODE = 'FE001',
+    MESSAGE = 'fence token counter rewound: ' || NEW.token || ' issued after ' || OLD.token;
+END $$;
 CREATE OR REPLACE FUNCTION fence_leases_audit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  IF TG_OP = 'UPDATE' AND NEW.token < OLD.token
-     OR TG_OP = 'UPDATE' AND NEW.token = OLD.token AND NEW.event IN ('acquire', 'takeover', 'admin-release')
-  THEN
-    RAISE EXCEPTION USING ERRCODE = 'FE001',
-      MESSAGE = 'fence token counter rewound: ' || NEW.token || ' issued after ' || OLD.token;
-  END IF;
   INSERT INTO fence_history (key, at, event, token, owner, detail)
   VALUES (NEW.key, extract(epoch from clock_timestamp()), NEW.event, NEW.token, NEW.owner, NEW.detail);
   RETURN NEW;
 END $$;
+DROP TRIGGER IF EXISTS fence_leases_rewind ON fence_leases;
+CREATE TRIGGER fence_leases_rewind BEFORE UPDATE OF token ON fence_leases FOR EACH ROW
+  WHEN (NEW.token < OLD.token
+        OR NEW.token = OLD.token AND NEW.event IN ('acquire', 'takeover', 'admin-release'))
+  EXECUTE FUNCTION fence_leases_rewound();
 DROP TRIGGER IF EXISTS fence_leases_audit ON fence_leases;
-CREATE TRIGGER fence_leases_audit AFTER INSERT OR UPDATE OF event ON fence_leases
-  FOR EACH ROW EXECUTE FUNCTION fence_leases_audit();
+CREATE TRIGGER fence_leases_audit AFTER INSERT OR UPDATE OF event ON fence_leases FOR EACH ROW
+  WHEN (NEW.detail IS DISTINCT FROM (%(self)s))
+  EXECUTE FUNCTION fence_leases_audit();
 -- Cap the sequence of a schema made before version 2. Only when needed, and after the trigger (the lock
 -- order of an acquire: lease table, then sequence), so a migrate beside running acquires cannot deadlock.
 DO $$ BEGIN
@@ -156,7 +171,7 @@ def migrate(conn: Connection) -> None:
     metadata.create_all(conn, checkfirst=True)
     _add_missing_columns(conn)
     if postgres:
-        conn.exec_driver_sql(_PG_TRIGGER.replace("%(max)s", str(MAX_TOKEN)))
+        conn.exec_driver_sql(_PG_TRIGGER.replace("%(max)s", str(MAX_TOKEN)).replace("%(self)s", SELF_LOGGED))
     else:
         for statement in _SQLITE_TRIGGERS:
             conn.exec_driver_sql(statement)
