@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy import text
 
 from celery_fence.verify import verify_store
 from tests.integration.conftest import Cluster
@@ -109,6 +110,7 @@ class Counts:
     completions_lost: int = 0  # a completion the old primary acknowledged, absent on the new one
     redone: int = 0  # of those, keys that ran again (recovery) and finished with another token
     tokens_reused: int = 0  # a token the new primary issued to another acquisition than the old one did
+    ledger_wrong: int = 0  # keys whose ledger row (written in the run's transaction) is missing or doubled
 
 
 def _history(port: int) -> list[tuple[str, int, str]]:
@@ -133,7 +135,10 @@ def _what_went_wrong(cluster: Cluster, issued: list[tuple[str, int, str]], keys:
             holders.setdefault(t, set()).add(k)
     reused = {t for t, ks in holders.items() if len(ks) > 1}
     redone = {k for k, _ in lost if any(key == k for key, _ in completed)}
-    return Counts(len(lost), len(redone), len(reused))
+    cluster.store.engine.dispose()  # its pooled connections were on the dead primaries
+    with cluster.store.engine.connect() as conn:
+        rows = Counter(r.key for r in conn.execute(text("SELECT key FROM fence_it_ledger")))
+    return Counts(len(lost), len(redone), len(reused), sum(rows[k] != 1 for k in keys))
 
 
 def _replayed(port: int, lsn: Any) -> bool:
