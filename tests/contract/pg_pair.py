@@ -83,17 +83,27 @@ class PostgresPair:
         backup += ["-h", "127.0.0.1", "-p", str(self._link.port), "-U", "postgres", "-c", "fast"]
         subprocess.run(backup, check=True, capture_output=True, **standby._run_as())  # type: ignore[call-overload]
         standby.start()
-        _poll(lambda: self._streaming(primary), "the standby to stream from the primary")
-        if self.synchronous:  # only now: a primary without its standby would hold every commit
-            _sql(primary.port, "ALTER SYSTEM SET synchronous_standby_names = '*'")
-            _sql(primary.port, "SELECT pg_reload_conf()")
-            _poll(lambda: self._streaming(primary, "sync"), "the standby to be synchronous")
+        try:
+            _poll(lambda: self._streaming(primary), "the standby to stream from the primary")
+            if self.synchronous:  # only now: a primary without its standby would hold every commit
+                _sql(primary.port, "ALTER SYSTEM SET synchronous_standby_names = '*'")
+                _sql(primary.port, "SELECT pg_reload_conf()")
+                _poll(lambda: self._streaming(primary, "sync"), "the standby to be synchronous")
+        except BaseException:  # not ours to stop yet: stop it here
+            standby.kill()
+            raise
         return standby
 
     @staticmethod
     def _streaming(primary: PostgresServer, state: str | None = None) -> bool:
         rows = _sql(primary.port, "SELECT sync_state FROM pg_stat_replication WHERE state = 'streaming'")
         return bool(rows) and (state is None or rows[0][0] == state)
+
+    def wait_replayed(self) -> None:
+        """Until the standby has replayed everything the primary has written so far."""
+        lsn = _sql(self.primary.port, "SELECT pg_current_wal_lsn()")[0][0]
+        replayed = "SELECT count(*) FROM pg_stat_replication WHERE replay_lsn >= %s"
+        _poll(lambda: _sql(self.primary.port, replayed, lsn) == [(1,)], "the standby to replay the primary")
 
     def stop_replication(self) -> None:
         """From now until the failover, the standby receives nothing (the fault kit's proxy on its link
