@@ -45,19 +45,13 @@ def check_sql_url(url: str) -> Any:
 
 
 def _check_hosts(url: str, parsed: Any) -> None:
+    """The servers are the ``host`` query parameters when there are any (they win over a host before the
+    ``/``, as SQLAlchemy passes them: ``user@localhost/db?host=/run/postgresql`` is one server)."""
     hosts = parsed.query.get("host", ())
     hosts = [name for entry in ((hosts,) if isinstance(hosts, str) else hosts) for name in entry.split(",")]
-    if len(hosts) + (parsed.host is not None) <= 1:  # libpq's own form, host=h1,h2, counts as two
+    if len(hosts) <= 1:  # libpq's own form, host=h1,h2, counts as two
         return
-    attrs = parsed.query.get("target_session_attrs")
-    if parsed.host is not None:
-        raise ConfigurationError(
-            f"fence store URL {mask_url(url)!r} names a server both before the '/' and in '?host=': "
-            "list every server as a 'host=name:port' query parameter and leave the part before the "
-            "database empty (postgresql+psycopg://user@/db?host=h1:5432&host=h2:5432&"
-            "target_session_attrs=read-write)"
-        )
-    if attrs not in _WRITABLE:
+    if parsed.query.get("target_session_attrs") not in _WRITABLE:
         raise ConfigurationError(
             f"fence store URL {mask_url(url)!r} lists {len(hosts)} servers without "
             "'target_session_attrs=read-write': libpq could connect to a standby, whose reads may be "
