@@ -83,7 +83,7 @@ def test_the_primary_killed_and_a_lagging_asynchronous_standby_promoted(
         pair.wait_replayed()
         pair.stop_replication()
         wait_for(lambda ids=held: all(done(cluster, i) for i in ids), 60, "completions on the old primary")
-        started = _send(cluster.queue, third, pause=2.0)  # acquired during the lag, running at the kill
+        started = _send(cluster.queue, third, pause=60.0, hold=True)  # acquired in the lag, running at kill
         wait_for(lambda ids=started: _all_started(cluster, ids), 60, "the runs to start")
         quick = _send(cluster.queue, third, pause=0.0)  # acquired and completed during the lag
         wait_for(lambda ids=quick: all(done(cluster, i) for i in ids), 60, "completions on the old primary")
@@ -93,6 +93,8 @@ def test_the_primary_killed_and_a_lagging_asynchronous_standby_promoted(
         with pair.failing_over(gated=remedy):
             if remedy:
                 _advance(cluster, pair.primary.port)
+        for key in started:  # their bodies end now, on the new primary's watch
+            (cluster.workdir / f"{key}.release").touch()
         keys += held + started + quick
         healed += held + started
         _finish(cluster, started, strict=remedy, timeout=30)
@@ -119,9 +121,8 @@ def test_the_primary_killed_and_a_lagging_asynchronous_standby_promoted(
 
 
 def _finish(cluster: Cluster, keys: list[str], strict: bool, timeout: float = 120) -> None:
-    """Wait for ``keys`` to finish. Without the remedy some do not (seen: runs acquired during the lag and
-    running at the kill, with no trace on the new primary; the cause is not established, and it was not
-    seen with the remedy): such a key is counted as lost, not waited for past the deadline."""
+    """Wait for ``keys`` to finish; without the remedy, a key that does not (two attempts of a key given
+    the same token cannot be told apart) is counted as lost, not waited for past the deadline."""
     if strict:
         wait_for(lambda: all(done(cluster, k) for k in keys), timeout, f"{len(keys)} keys to finish")
         return
