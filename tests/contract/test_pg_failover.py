@@ -4,9 +4,12 @@ asynchronous failover does to the token counter (and ``advance``, its remedy).""
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import text
 
@@ -116,3 +119,44 @@ def test_an_asynchronous_failover_rewinds_the_counter_until_advance(
     floor = store.advance(1_000_000)
     assert floor > max(issued)
     assert store.acquire("advanced", "me", 60).token > max(issued)
+
+
+def test_a_primary_made_read_only_under_the_store_is_unavailable_until_writable(
+    pair: PostgresPair, store: SQLStore
+) -> None:
+    """The server turns read-only under the store (``default_transaction_read_only``, as for a failover,
+    docs/operating.md). A session applies a reload only after its next statement, so that one statement
+    may still write; from then on the server reports itself read-only and every call is StoreUnavailable,
+    reads too (the store never reads from a server that takes no writes). Writable again: the same store
+    goes on, on new connections."""
+    warm = store.acquire("warm", "me", 60)  # the held connection is open on the primary
+    _read_only(pair, "on")
+    try:
+        with contextlib.suppress(StoreUnavailable):
+            store.release(warm)  # the statement after which the held session applies the reload
+        with pytest.raises(StoreUnavailable):
+            store.acquire("while-read-only", "me", 60)
+        with pytest.raises(StoreUnavailable):
+            store.get("warm")
+    finally:
+        _read_only(pair, "off")
+    assert store.get("while-read-only") is None
+    assert store.acquire("after-read-only", "me", 60).token > warm.token
+
+
+def _read_only(pair: PostgresPair, value: str) -> None:
+    """Set it on the primary and wait until a new session sees it."""
+    dsn = f"postgresql://postgres@127.0.0.1:{pair.primary.port}/postgres"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER SYSTEM SET default_transaction_read_only = {value}")
+        conn.execute("SELECT pg_reload_conf()")
+    deadline = time.monotonic() + 30
+    while _setting(dsn) != value:
+        assert time.monotonic() < deadline, "the reload did not take effect"
+        time.sleep(0.02)
+
+
+def _setting(dsn: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SHOW default_transaction_read_only").fetchone()
+    return str(row[0]) if row else ""
