@@ -7,7 +7,8 @@ then resumed: FENCE-REFUSED) and a lost lease (an admin ``celery fence release``
 checks: FENCE-LOST). Once Flower's ``/api/tasks`` shows every state it takes PNGs of the tasks page and of
 the refused task's page with headless Chromium, into ``docs/img/``.
 
-Needs Redis on 127.0.0.1:6379 (DB 7, flushed), Flower (the ``flower`` extra) and ``/usr/bin/chromium``
+Needs Redis on 127.0.0.1:6379 (DB 7, flushed; ``FLOWER_SHOT_REDIS`` for another), Flower (the ``flower``
+extra) and ``/usr/bin/chromium``
 (``CHROMIUM`` to change). ``FLOWER_SHOT_SRC``: a folder with a ``celery_fence/`` to run instead of the
 working tree's (the processes start in it).
 """
@@ -32,7 +33,7 @@ from celery_fence.testing import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "img"
-REDIS = "redis://127.0.0.1:6379/7"
+REDIS = os.environ.get("FLOWER_SHOT_REDIS", "redis://127.0.0.1:6379/7")
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 SRC = os.environ.get("FLOWER_SHOT_SRC")
 CWD = Path(SRC) if SRC else ROOT
@@ -147,7 +148,10 @@ def produce(workdir: Path, env: dict[str, str]) -> dict[str, str]:
     pid = pid_of(stale.id)
     os.kill(pid, signal.SIGSTOP)
     time.sleep(4.0)  # the fault: paused past the 3 s ttl
-    charge.apply_async((3,)).get(timeout=60)  # a copy takes the key over and commits
+    # The broker delivers the same task id again: the copy takes the key over and works on (it is still
+    # running when the screenshots are taken; its SUCCESS would then win the shared row).
+    charge.apply_async((3,), {"work": 60.0}, task_id=stale.id)
+    wait_for(lambda: len(list(workdir.glob(f"{stale.id}.*.started"))) == 2, 60, "the copy to start")
     os.kill(pid, signal.SIGCONT)  # the stale run wakes up and tries its write: FENCE-REFUSED
 
     lost = export.apply_async((300.0,))

@@ -55,9 +55,10 @@ class Worker(kit.Worker):
         self.dir = Path(tempfile.mkdtemp(prefix=f"fence-bench-{name}-"))
         self.ready_file = self.dir / "ready"
         env = {**env, "FENCE_BENCH_READY": str(self.ready_file)}
+        events = ("-E",) if os.environ.get("FENCE_BENCH_EVENTS", "1") == "1" else ()  # as Flower users run it
         super().__init__(
             "benchmarks.bench_app", name, self.dir, queues=queue, concurrency=concurrency, env=env,
-            cwd=ROOT, loglevel="WARNING",
+            cwd=ROOT, loglevel="WARNING", args=events,
         )  # fmt: skip
         if not wait:  # waited for later with wait_ready (several workers starting at once)
             self.launch()

@@ -16,16 +16,16 @@ from contextlib import contextmanager
 import click
 
 from . import _cli_format as fmt
-from .bootstep import WORKER_OPTIONS
+from ._runtime import runtime_for
 from .config import check_prune_age
 from .errors import FenceError
 from .recovery import load_tasks, recover_abandoned
-from .runtime import runtime_for
 from .stores import Store, capabilities_for
 from .stores.base import AdminStore, AuditStore, RecoveryStore, lacking
 from .stores.urls import mask_url
 from .stores.waits import ADMIN_LOCK_WAIT, lock_wait
 from .verify import read_store, verify
+from .worker.bootstep import WORKER_OPTIONS
 
 __all__ = ["fence"]
 

@@ -164,8 +164,9 @@ def prepare_multiprocess() -> str | None:
     os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
     _prometheus()
     values: Any = importlib.import_module("prometheus_client.values")
-    # prometheus_client picks its value class when first imported; if the app imported it before the
-    # folder was set, pick again so the metrics created from now on are multiprocess ones.
+    # prometheus_client picks its value class when first imported; if it was imported before the folder
+    # was set, pick again so the metrics created from now on are multiprocess ones. It usually was: the
+    # ``celery`` program loads every ``celery.commands`` plugin at start, and Flower's imports it.
     if not getattr(values.ValueClass, "_multiprocess", False):
         values.ValueClass = values.get_value_class()
     return created

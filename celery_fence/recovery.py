@@ -3,7 +3,7 @@
 Brokers that never redeliver after a crash (the filesystem broker, early ack) lose the message of a
 killed run; its lease row still says what ran. Each abandoned run is claimed atomically at the store (one
 recoverer wins), then its message is sent again as it was (same task id, arguments, canvas links, headers
-and route: :mod:`celery_fence.runinfo`), so it takes over the key and resumes after its last committed step.
+and route: :mod:`celery_fence._runinfo`), so it takes over the key and resumes after its last committed step.
 
 The rules:
 
@@ -24,11 +24,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from .election import RESERVED_PREFIX
+from ._runinfo import resend_options
 from .lease import Abandoned
-from .runinfo import resend_options
 from .signals import run_recovered
 from .stores.base import Store
+from .worker.election import RESERVED_PREFIX
 
 __all__ = ["RecoveryReport", "load_tasks", "recover_abandoned"]
 

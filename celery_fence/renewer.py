@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ._failpoints import failpoint
 from .errors import StoreUnavailable
-from .failpoints import failpoint
 from .lease import Lease, LeasePolicy
 from .stores.base import Store
 from .stores.waits import lock_wait

@@ -1,6 +1,6 @@
-"""One fenced run, driven through the state machine of :mod:`celery_fence.decide` (DESIGN.md §3).
+"""One fenced run, driven through the state machine of :mod:`celery_fence._decide` (DESIGN.md §3).
 
-:class:`Run` makes the store calls, runs the body and asks :func:`~celery_fence.decide.decide` what each
+:class:`Run` makes the store calls, runs the body and asks :func:`~celery_fence._decide.decide` what each
 outcome means; every way a run can end is one of the decide table's actions, carried out here. What is
 Celery's (re-sending a message, ``retry``, ``Ignore``, events and signals) it asks of its task
 (:class:`RunHost`, implemented by ``FencedTask``).
@@ -16,8 +16,10 @@ from typing import Any, NoReturn, Protocol
 
 from celery.exceptions import Ignore
 
+from ._decide import Action, Event, Facts, View, decide, view_of
+from ._failpoints import failpoint
+from ._runtime import FenceRuntime
 from .config import FenceConfig
-from .decide import Action, Event, Facts, View, decide, view_of
 from .errors import (
     AlreadyDone,
     FenceError,
@@ -26,11 +28,9 @@ from .errors import (
     StaleToken,
     StoreUnavailable,
 )
-from .failpoints import failpoint
 from .fence import Fence
 from .lease import Lease, LeaseState
 from .renewer import OnLost, OnRenewed
-from .runtime import FenceRuntime
 
 __all__ = ["Run", "RunHost", "decide", "quietly"]
 

@@ -25,18 +25,17 @@ from celery.exceptions import Ignore
 from celery.signals import celeryd_after_setup, celeryd_init, worker_process_shutdown, worker_shutdown
 
 from . import codec
-from .bootstep import add_worker_steps, settle_owed_records
+from ._events import send_fence_event
+from ._owed import Stranded
+from ._runinfo import run_info
+from ._runtime import runtime_for
 from .config import FenceConfig
 from .errors import FenceError, LeaseHeld, StoreUnavailable
-from .events import send_fence_event
 from .fence import Fence
 from .keys import derive_key
 from .lease import Lease, LeaseState
-from .owed import Stranded
 from .renewer import OnLost, OnRenewed
 from .run import Run, quietly
-from .runinfo import run_info
-from .runtime import runtime_for
 from .signals import (
     lease_acquired,
     lease_duplicate,
@@ -47,7 +46,8 @@ from .signals import (
     store_wait_exhausted,
     write_refused,
 )
-from .startup import check_worker_at_start
+from .worker.bootstep import add_worker_steps, settle_owed_records
+from .worker.startup import check_worker_at_start
 
 __all__ = ["HANDOFF_HEADER", "FencedTask"]
 
@@ -76,7 +76,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     ``fence_lease_ttl``, ``fence_on_busy`` (``"retry"``, ``"ignore"``, ``"fail"``), ``fence_interrupt``.
     """
 
-    Request = "celery_fence.request:FencedRequest"  # releases the lease of a pool process that died
+    Request = "celery_fence.worker.request:FencedRequest"  # releases the lease of a pool process that died
     fence_key: ClassVar[str | Callable[..., str] | None] = None
     fence_lease_ttl: ClassVar[float | None] = None
     fence_on_busy: ClassVar[str | None] = None
@@ -139,9 +139,11 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         fields = {"key": fence.key, "token": fence.token, "task_id": request.id}
         lease_acquired.send(sender=self, **fields)
         if fence.lease.taken_over:  # the store said so in the acquire itself: no extra round trip
-            lease_takeover.send(sender=self, expired_for=fence.lease.expired_for, **fields)
-        if runtime.task_events:  # sent only when the worker sends task events
-            send_fence_event(self, request, "acquired", key=fence.key, token=fence.token)
+            expired_for = fence.lease.expired_for
+            lease_takeover.send(sender=self, expired_for=expired_for, **fields)
+            # Only an exceptional acquire is published: an event per run cost a seventh of the throughput.
+            event = {"key": fence.key, "token": fence.token, "expired_for": expired_for}
+            send_fence_event(self, request, "takeover", **event)
         request._fence_started = time.monotonic()
 
         def on_lost(lost: Lease, reason: str) -> None:

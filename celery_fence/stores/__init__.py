@@ -1,20 +1,19 @@
 """Stores, chosen by URL scheme and imported lazily.
 
-Third-party stores register a class under the entry point group ``celery_fence.stores``; a class is
-constructed as ``cls(url)`` and must satisfy :class:`~celery_fence.stores.base.Store`.
+Every store, built-in or third-party, is a class registered under the entry point group
+``celery_fence.stores`` by its URL scheme; it is constructed as ``cls(url)`` and must satisfy
+:class:`~celery_fence.stores.base.RunStore` (the other roles are optional).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
 from ..errors import ConfigurationError
 from .base import FencedConnectionStore, Store
 from .capabilities import Capabilities, capabilities_of
+from .drivers import missing_driver
 from .urls import mask_url
 
 __all__ = [
@@ -30,31 +29,7 @@ __all__ = [
 ]
 
 DEFAULT_STORE_URL = "sqlite:///celery_fence.db"
-
-
-@dataclass(frozen=True)
-class _Builtin:
-    target: str  # "module:Class"
-    extra: str | None = None  # the celery-fence extra that brings the driver
-    driver: str | None = None  # the module that extra installs
-
-
-_BUILTIN = {
-    "memory": _Builtin("celery_fence.stores.memory:MemoryStore"),
-    "sqlite": _Builtin("celery_fence.stores.sql:SQLStore"),
-    "postgresql": _Builtin("celery_fence.stores.sql:SQLStore", "postgres", "psycopg"),
-    "postgres": _Builtin("celery_fence.stores.sql:SQLStore", "postgres", "psycopg"),
-    "redis": _Builtin("celery_fence.stores.redis:RedisStore", "redis", "redis"),
-    "rediss": _Builtin("celery_fence.stores.redis:RedisStore", "redis", "redis"),
-    "etcd": _Builtin("celery_fence.stores.etcd:EtcdStore"),  # the standard library's http.client
-}
-
-_DRIVER_SUFFIX_MODULES = {
-    "psycopg": "psycopg",
-    "psycopg2": "psycopg2",
-    "pg8000": "pg8000",
-    "asyncpg": None,
-}
+_GROUP = "celery_fence.stores"  # the one registry: setup.cfg registers the built-in stores there too
 
 
 def scheme_of(url: object) -> tuple[str, str | None]:
@@ -76,24 +51,27 @@ def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> Store:
 
 
 def store_class(url: object) -> Any:
-    """The class that opens ``url``: a built-in store, or one registered under the ``celery_fence.stores``
-    entry point group. Refuses a malformed URL, an unknown scheme or a missing driver, without I/O."""
-    base, driver = scheme_of(url)
-    builtin = _BUILTIN.get(base)
-    if builtin is None:
-        return _from_entry_point(base, str(url))
-    _require_driver(base, driver, builtin)
-    module_name, _, cls_name = builtin.target.partition(":")
-    return getattr(importlib.import_module(module_name), cls_name)
+    """The class registered for ``url``'s scheme under the ``celery_fence.stores`` entry point group (the
+    built-in stores too). Refuses a malformed URL, an unknown scheme, a missing driver and what the store's
+    own ``check_url`` refuses, without I/O."""
+    base, _ = scheme_of(url)
+    registered: dict[str, Any] = {}
+    for ep in entry_points(group=_GROUP):  # a built-in scheme is never taken over by another package
+        if ep.name not in registered or ep.module.startswith("celery_fence."):
+            registered[ep.name] = ep
+    if base not in registered:
+        raise _unknown_scheme(base, str(url), sorted(registered))
+    cls = _load(registered[base])
+    check = getattr(cls, "check_url", None)
+    if check is not None:
+        check(str(url))
+    return cls
 
 
 def check_store_url(url: object) -> None:
-    """Refuse, without connecting, what ``open_store(url)`` would refuse before its first round trip: a
-    malformed URL, an unknown scheme, a missing driver, and what the store's own ``check_url`` refuses
-    (the worker's startup check calls it)."""
-    check = getattr(store_class(url), "check_url", None)
-    if check is not None:
-        check(str(url))
+    """Refuse, without connecting, what ``open_store(url)`` would refuse before its first round trip (the
+    worker's startup check calls it)."""
+    store_class(url)
 
 
 def capabilities_for(url: str) -> Capabilities:
@@ -103,26 +81,18 @@ def capabilities_for(url: str) -> Capabilities:
     return declare(url) if declare is not None else capabilities_of(cls)
 
 
-def _require_driver(base: str, driver: str | None, builtin: _Builtin) -> None:
-    if driver == "asyncpg":
-        raise ConfigurationError("asyncpg is async-only; use 'postgresql+psycopg://' (Celery tasks are sync)")
-    module = _DRIVER_SUFFIX_MODULES.get(driver or "", builtin.driver) if base != "sqlite" else None
-    if module and importlib.util.find_spec(module) is None:
-        extra = builtin.extra if module == builtin.driver else None
-        fix = f"pip install 'celery-fence[{extra}]'" if extra else f"pip install {module}"
-        raise ConfigurationError(f"the {base!r} store needs the {module!r} package: {fix}")
+def _load(ep: Any) -> Any:
+    try:
+        return ep.load()
+    except ModuleNotFoundError as exc:  # the store's driver: name the extra its entry point declares
+        if not exc.name or exc.name.split(".")[0] in ("celery_fence", ep.module.split(".")[0]):
+            raise
+        extras = getattr(ep, "extras", None) or [None]
+        raise missing_driver(ep.name, exc.name.split(".")[0], extras[0]) from exc
 
 
-def _from_entry_point(base: str, url: str) -> Any:
-    for ep in entry_points(group="celery_fence.stores"):
-        if ep.name == base:
-            return ep.load()
-    raise _unknown_scheme(base, url)
-
-
-def _unknown_scheme(base: str, url: str) -> ConfigurationError:
-    known = ", ".join(sorted(_BUILTIN))
+def _unknown_scheme(base: str, url: str, known: list[str]) -> ConfigurationError:
     return ConfigurationError(
-        f"unknown fence store scheme {base!r} in {mask_url(url)!r}; use one of: {known}, "
-        "or register a store under the 'celery_fence.stores' entry point group"
+        f"unknown fence store scheme {base!r} in {mask_url(url)!r}; use one of: {', '.join(known)}, "
+        f"or register a store under the {_GROUP!r} entry point group"
     )

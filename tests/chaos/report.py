@@ -20,7 +20,7 @@ HEADER = """# Reliability: the fault soak
 
 Every row is one fault on one lease store, on real `celery worker` processes (prefork, Redis broker,
 `acks_late`, `task_reject_on_worker_lost`), produced by `make soak` (the chaos suite with
-`FENCE_SOAK_RUNS` faulted runs per fault and store; CI runs the same suite with 10). Each case ends with
+`FENCE_SOAK_RUNS` faulted runs per fault and store; CI runs the same suite with 4). Each case ends with
 the same checks: every key finished (no task lost), exactly one ledger row and one completion per key,
 and `celery fence verify` clean. `refused` counts stale writes the store rejected; `duplicates absorbed`
 counts deliveries answered without running the body (already done, or held by a copy of the same id).
@@ -40,7 +40,7 @@ def main(source: str, target: str, section: str = "") -> None:
     runs = {row["runs"] for row in rows.values()}
     lines = [f"Run on {date.today()} at commit {_commit()}, {platform.node()} ({platform.machine()}, Python "
              f"{platform.python_version()}), {min(runs)}-{max(runs)} faulted runs per row, "
-             f"{os.environ.get('FENCE_SOAK_BATCH', '10')} at once.\n",
+             f"{os.environ.get('FENCE_SOAK_BATCH', '4')} at once.\n",
              "| store | fault | " + " | ".join(c.replace("_", " ") for c in columns) + " |",
              "|---|---|" + "---:|" * len(columns)]
     for (store, fault), row in sorted(rows.items()):

@@ -1,6 +1,6 @@
 """The fault matrix: each fault, on each store it applies to, on real ``celery worker`` processes.
 
-Every case runs ``FENCE_SOAK_RUNS`` faulted runs (10 in CI; ``make soak`` runs 1,000) in batches of
+Every case runs ``FENCE_SOAK_RUNS`` faulted runs (4 in CI, one batch; ``make soak`` runs 1,000) in batches of
 ``BATCH`` (``FENCE_SOAK_BATCH``; one run per pool process), then checks the same invariants
 (checks.settle_and_check).
 """
@@ -26,7 +26,7 @@ from .checks import RUNS, settle_and_check
 
 pytestmark = pytest.mark.chaos
 # Runs faulted at once, one per pool process: `make soak` raises it so 1,000 runs per case take minutes.
-BATCH = int(os.environ.get("FENCE_SOAK_BATCH", "10"))
+BATCH = int(os.environ.get("FENCE_SOAK_BATCH", "4"))
 
 
 def every_store(*names: str, **options: str) -> list[Any]:

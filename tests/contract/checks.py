@@ -9,9 +9,15 @@ from typing import Any
 import pytest
 
 from celery_fence import FenceError
+from celery_fence.stores.base import AuditStore, lacking
 
 TTL = 30.0
 MAX_TOKEN = 2**53 - 1
+
+
+def audits(store: Any) -> bool:
+    """Whether ``store`` keeps a history (``AuditStore``): a run-only store's contract skips those checks."""
+    return not lacking(store, AuditStore)
 
 
 def dump(store: Any) -> Any:

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from celery_fence import StaleToken, StoreUnavailable
-from celery_fence._proxy import Proxy
 from celery_fence.stores.etcd import EtcdStore
 from celery_fence.stores.etcd.gateway import Gateway, get, put
+from celery_fence.testing._proxy import Proxy
 
 from .harness_etcd import open_etcd_store, shared_server
 from .scripted_http import ScriptedServer

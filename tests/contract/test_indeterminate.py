@@ -22,13 +22,13 @@ from celery import Celery
 from sqlalchemy import text
 
 from celery_fence import FencedTask, StoreUnavailable
-from celery_fence.bootstep import settle_owed_records
-from celery_fence.runtime import runtime_for
+from celery_fence._runtime import runtime_for
 from celery_fence.signals import store_wait_exhausted
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome
 from celery_fence.verify import verify_store
+from celery_fence.worker.bootstep import settle_owed_records
 
 from .harness import Harness
 from .inprocess import memory_app, running_worker

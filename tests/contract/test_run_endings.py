@@ -23,7 +23,7 @@ from celery import Celery
 from celery.signals import before_task_publish
 
 from celery_fence import FencedTask, LeaseHeld
-from celery_fence.runtime import runtime_for
+from celery_fence._runtime import runtime_for
 from celery_fence.signals import lease_duplicate
 from celery_fence.testing import wait_for
 

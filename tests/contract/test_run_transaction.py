@@ -14,10 +14,10 @@ from celery import Celery
 from sqlalchemy import text
 
 from celery_fence import FencedTask, LeaseHeld, StoreUnavailable, UsageError
+from celery_fence._runtime import runtime_for
 from celery_fence.fence import Fence
 from celery_fence.lease import LeasePolicy
 from celery_fence.renewer import Renewer
-from celery_fence.runtime import runtime_for
 
 from .harness import Harness
 

@@ -142,8 +142,8 @@ def cluster(
         finally:
             for worker in world.workers:  # all at once: each warm shutdown takes seconds
                 worker.terminate()
-            for worker in world.workers:
-                worker.stop()
+            for worker in world.workers:  # the test is over: a task still running is not waited for
+                worker.stop(timeout=5.0)
             if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
                 for worker in world.workers:
                     print(f"--- {worker.name} log ---\n{worker.log_text()[-4000:]}")

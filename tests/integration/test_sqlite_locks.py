@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 from celery import Celery
 
-from celery_fence.bootstep import FenceRecovery
-from celery_fence.election import Election
 from celery_fence.stores.sql import SQLStore
+from celery_fence.worker.bootstep import FenceRecovery
+from celery_fence.worker.election import Election
 from tests.contract.sqlite_holder import holding_write_lock
 
 pytestmark = pytest.mark.integration
@@ -85,7 +85,7 @@ def test_the_workers_recovery_pass_gives_up_naming_the_cause(
     worker = SimpleNamespace(app=app)
     step = FenceRecovery(worker)
     step.election = Election(ttl=30.0)
-    caplog.set_level(logging.WARNING, logger="celery_fence.bootstep")
+    caplog.set_level(logging.WARNING, logger="celery_fence.worker.bootstep")
     with holding_write_lock(path, stopped=True):
         thread = threading.Thread(target=step.run, args=(worker,), daemon=True)  # the worker's timer
         thread.start()

@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from celery_fence.decide import Action, Event, Facts, View, decide, view_of
+from celery_fence._decide import Action, Event, Facts, View, decide, view_of
 from celery_fence.lease import LeaseState
 
 # After the body: the events whose meaning depends on the key's state (BODY_UNKNOWN never does: nothing of a

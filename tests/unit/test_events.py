@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_fence.events import send_fence_event
+from celery_fence._events import send_fence_event
 
 
 class Dispatcher:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_fence import failpoints
+from celery_fence import _failpoints as failpoints
 
 
 @pytest.fixture

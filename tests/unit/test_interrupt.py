@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from celery_fence import LeaseLost
+from celery_fence._interrupt import Interrupter
 from celery_fence.fence import Fence
-from celery_fence.interrupt import Interrupter
 from celery_fence.stores.memory import MemoryStore
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,9 +14,9 @@ from celery import Celery
 from prometheus_client import CollectorRegistry
 
 from celery_fence import ConfigurationError, FencedTask, FenceMetrics, Lease, LeasePolicy
+from celery_fence._runtime import runtime_for
 from celery_fence.config import FenceConfig
 from celery_fence.renewer import Renewer
-from celery_fence.runtime import runtime_for
 from celery_fence.signals import run_recovered, store_wait_exhausted, write_refused
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import FakeClock
@@ -149,3 +152,35 @@ def test_a_registry_that_is_not_one_is_refused_naming_the_fix(registry: object) 
 def test_connect_refuses_what_is_not_a_celery_app() -> None:
     with pytest.raises(ConfigurationError, match="Celery app"):
         FenceMetrics().connect("shop")
+
+
+def _prepare_in_a_fresh_process(
+    first: str, env: dict[str, str], then: str = ""
+) -> subprocess.CompletedProcess[str]:
+    prepare = "from celery_fence.metrics import prepare_multiprocess\nprint(prepare_multiprocess())"
+    code = f"{first}\n{prepare}\n{then}"
+    environ = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"} | env
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=environ, check=False
+    )
+
+
+def test_multiprocess_mode_takes_a_fresh_folder_or_the_users(tmp_path: Path) -> None:
+    done = _prepare_in_a_fresh_process("", {})
+    assert done.returncode == 0, done.stderr
+    created = Path(done.stdout.strip())
+    assert created.name.startswith("celery-fence-metrics-")
+    created.rmdir()
+    folder = tmp_path / "metrics"
+    imported_after = _prepare_in_a_fresh_process("", {"PROMETHEUS_MULTIPROC_DIR": str(folder)})
+    assert (imported_after.returncode, imported_after.stdout.strip()) == (0, "None")  # the user's folder
+
+
+def test_prometheus_imported_before_the_folder_was_set_still_gives_multiprocess_values() -> None:
+    """Flower's ``celery.commands`` plugin imports prometheus_client when the ``celery`` program starts."""
+    check = "import prometheus_client.values as v; print(v.ValueClass._multiprocess)"
+    done = _prepare_in_a_fresh_process("import prometheus_client", {}, then=check)
+    assert done.returncode == 0, done.stderr
+    created, multiprocess = done.stdout.split()
+    Path(created).rmdir()
+    assert multiprocess == "True"

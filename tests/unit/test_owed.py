@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_fence import FencedTask, StoreUnavailable, owed
-from celery_fence.bootstep import settle_owed_records
-from celery_fence.owed import OwedRecords, Stranded
-from celery_fence.runtime import runtime_for
+from celery_fence import FencedTask, StoreUnavailable
+from celery_fence import _owed as owed
+from celery_fence._owed import OwedRecords, Stranded
+from celery_fence._runtime import runtime_for
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome
+from celery_fence.worker.bootstep import settle_owed_records
 
 RUN = {"task": "shop.charge", "id": "t-1", "args": [1], "kwargs": {}}
 
@@ -138,3 +139,16 @@ def test_an_eager_run_that_gives_up_owes_no_record(app: Celery, monkeypatch: pyt
     assert store.get("order:1") is None and len(runtime.owed) == 0
     assert "strand" not in runtime._store.calls  # type: ignore[attr-defined]
 
+
+
+def test_a_store_without_the_recovery_role_owes_no_record_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from tests.contract.run_only import RunOnlyStore
+
+    records = OwedRecords()
+    records.write(RunOnlyStore(), record(1))  # type: ignore[arg-type]  # a run role only
+    assert len(records) == 0
+    assert messages(caplog, "WARNING") == [
+        "fence: the store keeps no give-up records (no recovery role): shop.charge[t-1] gave up"
+    ]

@@ -14,9 +14,9 @@ import pytest_celery.plugin
 from _pytest.fixtures import getfixturemarker
 from celery import Celery
 
-from celery_fence import _pytest_plugin, testing
+from celery_fence import testing
 from celery_fence.stores.memory import MemoryStore
-from celery_fence.testing import in_process_worker
+from celery_fence.testing import _pytest_plugin, in_process_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 USER_FILE = ROOT / "example_app" / "tests" / "test_in_process.py"  # docs/testing.md shows it whole
@@ -33,7 +33,7 @@ def fixture_names(module: ModuleType) -> set[str]:
 
 def test_the_entry_point_loads_the_plugin_as_celery_fence() -> None:
     plugins = {ep.name: ep.value for ep in entry_points(group="pytest11")}
-    assert plugins["celery_fence"] == "celery_fence._pytest_plugin"
+    assert plugins["celery_fence"] == "celery_fence.testing._pytest_plugin"
     assert plugins["celery"] == "pytest_celery.plugin"  # pytest-celery's, on beside it
 
 

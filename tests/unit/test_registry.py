@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -50,17 +52,16 @@ def test_a_malformed_url_is_a_configuration_error(url: Any) -> None:
         open_store(url)
 
 
-def _without(monkeypatch: pytest.MonkeyPatch, missing: str) -> list[str]:
-    """Make ``find_spec`` report ``missing`` as not installed; return the names it was asked about."""
+def _without(monkeypatch: pytest.MonkeyPatch, missing: str) -> None:
+    """Make ``missing`` not installed for this test: not importable, not found, and no store module that
+    imported it still cached."""
     real = importlib.util.find_spec
-    asked: list[str] = []
-
-    def find_spec(name: str, *args: Any, **kwargs: Any) -> Any:
-        asked.append(name)
-        return None if name == missing else real(name, *args, **kwargs)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)  # the module celery_fence.stores uses
-    return asked
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a, **k: None if name == missing else real(name, *a, **k)
+    )
+    monkeypatch.setitem(sys.modules, missing, None)  # ``import missing`` raises ModuleNotFoundError
+    for name in [n for n in sys.modules if n.startswith("celery_fence.stores.")]:
+        monkeypatch.delitem(sys.modules, name)
 
 
 @pytest.mark.parametrize(
@@ -76,12 +77,33 @@ def _without(monkeypatch: pytest.MonkeyPatch, missing: str) -> list[str]:
 def test_a_missing_extra_names_the_pip_command(
     monkeypatch: pytest.MonkeyPatch, url: str, module: str, extra: str
 ) -> None:
-    asked = _without(monkeypatch, module)
+    _without(monkeypatch, module)
     with pytest.raises(ConfigurationError) as info:
         open_store(url)
     assert f"pip install 'celery-fence[{extra}]'" in str(info.value)
     assert repr(module) in str(info.value)
-    assert module in asked
+
+
+def test_a_third_party_stores_missing_driver_names_the_extra_its_entry_point_declares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def load() -> Any:
+        raise ModuleNotFoundError("No module named 'fancydb'", name="fancydb")
+
+    entry = _FakeEntryPoint("fancy", None, module="fancy_fence.store", extras=["fancy"])
+    entry.load = load  # type: ignore[method-assign]
+    _register(monkeypatch, entry)
+    with pytest.raises(ConfigurationError, match=re.escape("pip install 'celery-fence[fancy]'")):
+        open_store("fancy://host/db")
+
+
+def test_every_built_in_store_is_in_the_one_registry() -> None:
+    """The entry point group is the only table of schemes: built-in stores are registered there too."""
+    names = {ep.name: ep.value.split(" ")[0] for ep in entry_points(group="celery_fence.stores")}
+    assert {"memory", "sqlite", "postgresql", "postgres", "redis", "rediss", "etcd"} <= set(names)
+    urls = ["memory://", "sqlite:///x.db", "postgresql://h/db", "redis://h:6379/0", "etcd://h:2379"]
+    for url in urls:
+        assert stores.store_class(url).__name__ == names[url.split(":")[0]].rsplit(":", 1)[1]
 
 
 def test_the_etcd_store_needs_nothing_beyond_the_standard_library() -> None:
@@ -121,8 +143,8 @@ def test_in_memory_sqlite_is_refused_and_names_memory(
 
 
 class _FakeEntryPoint:
-    def __init__(self, name: str, target: Any) -> None:
-        self.name, self._target = name, target
+    def __init__(self, name: str, target: Any, module: str = "third_party", extras: Any = ()) -> None:
+        self.name, self._target, self.module, self.extras = name, target, module, list(extras)
 
     def load(self) -> Any:
         return self._target
@@ -162,5 +184,6 @@ def test_an_entry_point_of_another_name_does_not_match(monkeypatch: pytest.Monke
 
 
 def test_a_built_in_scheme_is_not_taken_over_by_an_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
-    _register(monkeypatch, _FakeEntryPoint("memory", _ThirdPartyStore))
+    built_in = list(entry_points(group="celery_fence.stores"))
+    _register(monkeypatch, *built_in, _FakeEntryPoint("memory", _ThirdPartyStore))
     assert isinstance(open_store("memory://"), MemoryStore)

@@ -1,15 +1,15 @@
 from __future__ import annotations
 
-import importlib.util
 import re
+import sys
 from typing import Any
 
 import pytest
 
 from celery_fence import ConfigurationError
 from celery_fence.lease import LeasePolicy
-from celery_fence.startup import check_settings
 from celery_fence.stores.sql.engine import SessionLimits
+from celery_fence.worker.startup import check_settings
 
 SAFE: dict[str, Any] = {"task_acks_late": True, "task_reject_on_worker_lost": True}
 
@@ -88,7 +88,8 @@ def test_a_store_url_that_cannot_work_is_an_error_without_connecting(url: str, n
 
 
 def test_a_missing_extra_is_an_error_naming_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "redis" else real(n, *a))
+    monkeypatch.setitem(sys.modules, "redis", None)  # not installed: importing it fails
+    for name in [n for n in sys.modules if n.startswith("celery_fence.stores.redis")]:
+        monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ConfigurationError, match=re.escape("pip install 'celery-fence[redis]'")):
         check_settings({**SAFE, "fence_store_url": "redis://localhost:6379/0"})

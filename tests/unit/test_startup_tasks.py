@@ -10,7 +10,7 @@ import pytest
 from celery import Celery
 
 from celery_fence import ConfigurationError, FencedTask
-from celery_fence.startup import check_settings
+from celery_fence.worker.startup import check_settings
 
 SAFE: dict[str, Any] = {"task_acks_late": True, "task_reject_on_worker_lost": True}
 

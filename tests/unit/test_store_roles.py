@@ -10,8 +10,8 @@ import pytest
 from celery import Celery
 from click.testing import CliRunner
 
+from celery_fence._runtime import runtime_for
 from celery_fence.cli import fence
-from celery_fence.runtime import runtime_for
 from celery_fence.stores.base import AdminStore, AuditStore, RecoveryStore, RunStore, Store, lacking
 from celery_fence.stores.memory import MemoryStore
 

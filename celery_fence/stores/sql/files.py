@@ -12,6 +12,7 @@ from sqlalchemy.exc import ArgumentError
 from ...errors import ConfigurationError
 from ..capabilities import Capabilities
 from ..urls import mask_url
+from .dialects import check_sql_driver
 from .engine import SessionLimits, check_sql_url
 
 __all__ = ["check_sql_store_url", "check_sqlite_directory", "sql_capabilities", "sqlite_file"]
@@ -53,5 +54,5 @@ def sql_capabilities(url: str) -> Capabilities:
 
 def check_sql_store_url(url: str) -> None:
     """What no SQL engine can work with, refused without a round trip."""
-    check_sql_url(url)
+    check_sql_driver(check_sql_url(url))
     check_sqlite_directory(url)

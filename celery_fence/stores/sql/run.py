@@ -20,8 +20,8 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from ... import codec
+from ..._failpoints import failpoint
 from ...errors import StaleToken, StoreUnavailable, UsageError
-from ...failpoints import failpoint
 from ...lease import Lease
 from .engine import translate_errors, user_statement_errors
 

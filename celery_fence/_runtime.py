@@ -1,5 +1,5 @@
 """Per-process state of celery-fence for one Celery app: its settings, its store client, its renewer, the
-records it owes its store (:mod:`celery_fence.owed`).
+records it owes its store (:mod:`celery_fence._owed`).
 
 Tied to the app, created lazily in the process that runs tasks (a prefork child after fork, never the
 parent); a forked child drops its parent's (:mod:`celery_fence._process`), so no client is ever shared
@@ -8,15 +8,16 @@ across a fork.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
-from ._indeterminate import IndeterminateStore, faults_from_env
+from ._failpoints import STORE_FAULTS_ENV
+from ._interrupt import Interrupter
+from ._owed import OwedRecords
 from ._process import forget_in_child
 from .config import FenceConfig
-from .interrupt import Interrupter
 from .lease import OwnerNames
-from .owed import OwedRecords
 from .renewer import Renewer
 from .stores import Store, open_store
 
@@ -30,8 +31,6 @@ class FenceRuntime:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.config = FenceConfig.from_conf(app.conf)
-        # Read once per process, not once per run: the settings are final by the time a task runs.
-        self.task_events = self.config.send_events and bool(app.conf.worker_send_task_events)
         self.new_owner = OwnerNames()
         self._store: Store | None = None
         self._renewer: Renewer | None = None
@@ -77,6 +76,10 @@ class FenceRuntime:
 
 def _with_injected_faults(store: Store) -> Store:
     """The fault kit's indeterminate outcomes, when a test asks for them (``CELERY_FENCE_STORE_FAULTS``)."""
+    if not os.environ.get(STORE_FAULTS_ENV):
+        return store
+    from .testing._indeterminate import IndeterminateStore, faults_from_env  # a test: pytest is there
+
     faults = faults_from_env()
     if not faults:
         return store

@@ -9,13 +9,13 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from ._spelling import unknown_settings
-from ._store_probe import probe_store
-from ._task_checks import Acks, acks_warnings, task_warnings
-from .config import FenceConfig
-from .errors import ConfigurationError
-from .lease import LeasePolicy
-from .stores import Capabilities, capabilities_for, check_store_url
+from ..config import FenceConfig
+from ..errors import ConfigurationError
+from ..lease import LeasePolicy
+from ..stores import Capabilities, capabilities_for, check_store_url
+from .spelling import unknown_settings
+from .store_probe import probe_store
+from .task_checks import Acks, acks_warnings, task_warnings
 
 __all__ = ["check_settings", "check_worker_at_start", "stop_worker"]
 
@@ -82,8 +82,6 @@ def check_worker_at_start(sender: Any = None, instance: Any = None, **_: Any) ->
     tasks = [] if app is None else _fenced_tasks(app)
     if not tasks:
         return
-    if getattr(worker, "task_events", False):  # -E: let the children send task-fence-acquired too
-        app.conf.worker_send_task_events = True
     pool = getattr(getattr(worker, "pool_cls", None), "__module__", "").rsplit(".", 1)[-1]
     try:
         _log_warnings(check_settings(app.conf, pool, tasks))
@@ -105,6 +103,6 @@ def _log_warnings(warnings: list[str]) -> None:
 
 
 def _fenced_tasks(app: Any) -> list[Any]:
-    from .task import FencedTask
+    from ..task import FencedTask
 
     return [task for task in app.tasks.values() if isinstance(task, FencedTask)]

@@ -1,8 +1,7 @@
 """The fault kit's faults and checks (:mod:`celery_fence.testing` re-exports them); no pytest.
 
-Real workers and bounded waits are in :mod:`celery_fence._faults`, the TCP proxy in
-:mod:`celery_fence._proxy`, the lost replies in :mod:`celery_fence._indeterminate`, the pytest fixtures in
-:mod:`celery_fence._pytest_plugin`.
+Real workers and bounded waits are in :mod:`._faults`, the TCP proxy in :mod:`._proxy`, the lost replies
+in :mod:`._indeterminate`, the pytest fixtures in :mod:`._pytest_plugin`.
 """
 
 from __future__ import annotations
@@ -20,15 +19,15 @@ from dataclasses import asdict
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from ..errors import FenceError
+from ..stores import capabilities_for
+from ..stores.base import Store
+from ..stores.urls import mask_url
+from ..verify import verify_store
 from ._faults import Worker, wait_for
 from ._indeterminate import ENV as STORE_FAULTS_ENV
 from ._indeterminate import Fault
 from ._proxy import Proxy
-from .errors import FenceError
-from .stores import capabilities_for
-from .stores.base import Store
-from .stores.urls import mask_url
-from .verify import verify_store
 
 __all__ = [
     "FakeClock",

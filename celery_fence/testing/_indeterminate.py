@@ -25,11 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import FenceError, InvalidArgument, StoreUnavailable
+from .._failpoints import STORE_FAULTS_ENV
+from ..errors import FenceError, InvalidArgument, StoreUnavailable
 
 __all__ = ["CALLS", "ENV", "Fault", "IndeterminateStore", "Outcome", "faults_from_env"]
 
-ENV = "CELERY_FENCE_STORE_FAULTS"
+ENV = STORE_FAULTS_ENV
 LOG_ENV = "CELERY_FENCE_STORE_FAULTS_LOG"
 CALLS = (
     "acquire", "renew", "complete", "release", "save_step", "steps", "refuse", "get", "begin_run", "strand"

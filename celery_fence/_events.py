@@ -1,12 +1,13 @@
 """``task-fence-*`` monitoring events (Flower shows a task in the state the event names).
 
-- ``task-fence-acquired``: a run took its lease (sent only when the worker sends task events:
-  ``worker_send_task_events``, which ``FencedTask`` reads once per process).
+- ``task-fence-takeover``: a run took over a lease whose holder went silent (``expired_for`` seconds).
 - ``task-fence-lost``: a run's lease was lost while it ran.
 - ``task-fence-refused``: a run's write or completion was refused; the standard ``exception`` field says why.
 - ``task-fence-duplicate``: a delivery found its key held by the same task id, or already done.
 
-Every event carries ``key`` and ``token``. Sending never raises: monitoring must not fail a task.
+An ordinary run sends none: its key and token are in the store's history (``celery fence show KEY``), and
+an event per run would be one more broker publish per task. Every event carries ``key`` and ``token``.
+Sending never raises: monitoring must not fail a task.
 ``fence_send_events = False`` turns all of them off (Flower then shows fenced runs in Celery's own states).
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .runtime import runtime_for
+from ._runtime import runtime_for
 
 __all__ = ["send_fence_event"]
 

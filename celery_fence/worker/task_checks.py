@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._spelling import PREFIX, unknown_task_options
-from .keys import check_key_template
+from ..keys import check_key_template
+from .spelling import PREFIX, unknown_task_options
 
 __all__ = ["Acks", "acks_warnings", "task_warnings"]
 
@@ -78,7 +78,7 @@ def task_warnings(tasks: Sequence[Any]) -> list[str]:
 def _own_fence_names(task: Any) -> set[str]:
     """The ``fence_*`` names the task sets: on its instance, or on its classes below ``FencedTask``
     (Celery turns ``@app.task(...)`` keywords into attributes of a class made for the task)."""
-    from .task import FencedTask  # task.py imports the startup check: import it when checking
+    from ..task import FencedTask  # task.py imports the startup check: import it when checking
 
     names = {name for name in vars(task) if name.lower().startswith(PREFIX)}
     for cls in type(task).__mro__:

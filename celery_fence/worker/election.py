@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 
-from .errors import FenceError, LeaseHeld
-from .lease import Lease, new_owner
-from .stores.base import Store
+from ..errors import FenceError, LeaseHeld
+from ..lease import Lease, new_owner
+from ..stores.base import Store
 
 __all__ = ["RECOVERER_KEY", "RESERVED_PREFIX", "Election"]
 

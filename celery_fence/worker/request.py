@@ -16,11 +16,11 @@ from typing import Any
 from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
 
-from .errors import FenceError
-from .keys import derive_key
-from .lease import Lease
-from .runtime import runtime_for
-from .stores import open_store
+from .._runtime import runtime_for
+from ..errors import FenceError
+from ..keys import derive_key
+from ..lease import Lease
+from ..stores import open_store
 
 __all__ = ["FencedRequest"]
 

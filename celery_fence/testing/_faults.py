@@ -1,5 +1,5 @@
 """The machinery of :mod:`celery_fence.testing`: bounded waits and real workers (the TCP proxy is in
-:mod:`celery_fence._proxy`); no pytest."""
+:mod:`celery_fence.testing._proxy`); no pytest."""
 
 from __future__ import annotations
 

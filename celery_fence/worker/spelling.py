@@ -7,7 +7,7 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .config import DEFAULTS, TASK_OPTIONS
+from ..config import DEFAULTS, TASK_OPTIONS
 
 __all__ = ["unknown_settings", "unknown_task_options"]
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 
-from .config import FenceConfig
-from .errors import StoreUnavailable
-from .stores import check_store_url, open_store
-from .stores.urls import mask_url
-from .stores.waits import ADMIN_LOCK_WAIT, lock_wait
+from ..config import FenceConfig
+from ..errors import StoreUnavailable
+from ..stores import check_store_url, open_store
+from ..stores.urls import mask_url
+from ..stores.waits import ADMIN_LOCK_WAIT, lock_wait
 
 __all__ = ["PROBE_KEY", "probe_store"]
 

@@ -16,8 +16,8 @@ from celery.contrib.testing.worker import start_worker
 from celery.signals import setup_logging
 from celery.worker import state
 
-from .runtime import _ATTR, runtime_for
-from .stores.base import Store
+from .._runtime import _ATTR, runtime_for
+from ..stores.base import Store
 
 __all__ = ["WAKE", "in_process_worker"]
 

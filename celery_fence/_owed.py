@@ -1,6 +1,6 @@
 """Records a worker process owes its store: the ``strand`` of each run that gave up waiting out an unavailable
 store (``FencedTask.wait_out``). The store is down when a run gives up, so the record usually cannot be
-written then; the process's :class:`~celery_fence.runtime.FenceRuntime` keeps it and writes it once the
+written then; the process's :class:`~celery_fence._runtime.FenceRuntime` keeps it and writes it once the
 store answers again (after the next acquire that succeeds in the process), or when it closes. A record still
 owed then is logged at ``ERROR``: never dropped silently.
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 from .errors import FenceError
 from .stores import Store
+from .stores.base import RecoveryStore, lacking
 
 __all__ = ["MAX_OWED", "OwedRecords", "Stranded"]
 
@@ -45,7 +46,11 @@ class OwedRecords:
         return len(self._owed)
 
     def write(self, store: Store, record: Stranded) -> None:
-        """Write the record now if the store takes it, else keep it owed."""
+        """Write the record now if the store takes it, else keep it owed. A store without the recovery role
+        keeps no such record: said once per run, at WARNING, and nothing is owed."""
+        if lacking(store, RecoveryStore):
+            log.warning("fence: the store keeps no give-up records (no recovery role): %s", record.reason)
+            return
         if not _written(store, record):
             log.warning(
                 "fence: the record of %s (key %r) is owed: the store did not take it; it is written after "

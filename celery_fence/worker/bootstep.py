@@ -1,5 +1,5 @@
 """Worker bootsteps (main process): recovery re-sends abandoned runs periodically (on by default, one
-worker at a time cluster-wide: :mod:`celery_fence.election`; ``--no-fence-recover`` turns it off);
+worker at a time cluster-wide: :mod:`celery_fence.worker.election`; ``--no-fence-recover`` turns it off);
 ``--fence-metrics-port`` serves Prometheus metrics summed over the pool's processes
 (:mod:`celery_fence.metrics`)."""
 
@@ -13,15 +13,16 @@ from typing import Any, ClassVar
 import click
 from celery import bootsteps, current_app
 
-from .config import metrics_addr, metrics_port
+from .._runtime import runtime_for, settle_at_exit
+from ..config import metrics_addr, metrics_port
+from ..errors import ConfigurationError, StoreUnavailable
+from ..metrics import FenceMetrics, prepare_multiprocess, serve_metrics
+from ..recovery import load_tasks, recover_abandoned
+from ..stores import Store, open_store, store_class
+from ..stores.base import RecoveryStore, lacking
+from ..stores.waits import ADMIN_LOCK_WAIT, lock_wait
 from .election import Election
-from .errors import ConfigurationError, StoreUnavailable
-from .metrics import FenceMetrics, prepare_multiprocess, serve_metrics
-from .recovery import load_tasks, recover_abandoned
-from .runtime import runtime_for, settle_at_exit
 from .startup import stop_worker
-from .stores import Store, open_store
-from .stores.waits import ADMIN_LOCK_WAIT, lock_wait
 
 __all__ = [
     "METRICS_OPTIONS",
@@ -82,8 +83,13 @@ class FenceRecovery(bootsteps.StartStopStep):  # type: ignore[misc]  # celery sh
         self.election: Election | None = None
 
     def start(self, worker: Any) -> None:
-        load_tasks(worker.app)  # done by the worker already; cheap, and the same rule as the CLI's
         config = runtime_for(worker.app).config
+        missing = lacking(store_class(config.store_url), RecoveryStore)
+        if missing:  # a third party's store may keep only what a run needs
+            lacks = ", ".join(missing)
+            log.warning("celery-fence: no recovery: the store has no recovery role (it lacks %s)", lacks)
+            return
+        load_tasks(worker.app)  # done by the worker already; cheap, and the same rule as the CLI's
         interval = self.interval or config.policy.ttl
         self.election = Election(ttl=3 * interval)  # outlives two missed passes
         self.tref = worker.timer.call_repeatedly(interval, self.run, (worker,), priority=10)
@@ -188,5 +194,5 @@ def add_worker_steps(sender: Any = None, instance: Any = None, **_: Any) -> None
 def settle_owed_records(sender: Any = None, **_: Any) -> None:
     """``worker_shutdown`` (the worker's own process: solo and threads pools run tasks there) and
     ``worker_process_shutdown`` (a prefork pool process, whose app is the current one) receiver: write the
-    records the process owes its store, or log them (:mod:`celery_fence.owed`)."""
+    records the process owes its store, or log them (:mod:`celery_fence._owed`)."""
     settle_at_exit(getattr(sender, "app", None) or current_app)

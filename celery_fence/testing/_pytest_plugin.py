@@ -15,12 +15,12 @@ from typing import Any, Protocol
 
 import pytest
 
+from ..stores import Store, open_store
+from ..stores.urls import mask_url
 from ._faults import Worker
 from ._indeterminate import Fault, IndeterminateStore
 from ._inprocess import in_process_worker
 from ._kit import StoreProxy
-from .stores import Store, open_store
-from .stores.urls import mask_url
 
 __all__ = ["ProxyFactory", "WorkerFactory"]
 
