@@ -6,7 +6,7 @@ PYTEST = $(PY) -m pytest
 ARGS ?=
 LINT_PATHS = $(wildcard celery_fence tests example_app benchmarks)
 
-.PHONY: venv test pkg unit contract integration chaos soak lint type check demo bench compare flower-screenshot clean
+.PHONY: venv test pkg unit contract contract-pg-ha integration chaos soak lint type check demo bench compare flower-screenshot clean
 
 venv: $(VENV)/.installed
 
@@ -34,6 +34,11 @@ unit: venv
 
 contract: venv
 	$(PYTEST) tests/contract $(ARGS)
+
+# The contract suite on a PostgreSQL primary and standby behind a multi-host URL (harness_pgha.py); not in
+# `make test`, which would run the PostgreSQL half of the suite twice.
+contract-pg-ha: venv
+	FENCE_TEST_PG_HA=1 $(PYTEST) tests/contract -k postgresql-ha $(ARGS)
 
 integration: venv
 	$(PYTEST) tests/integration -m "not soak" $(ARGS)

@@ -7,6 +7,7 @@ never copied.
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import subprocess
 import uuid
@@ -75,7 +76,8 @@ def pg_schema_store(base_url: str) -> Iterator[SQLStore]:
     admin = SQLStore(base_url)
     with admin.engine.begin() as conn:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    store = SQLStore(f"{base_url}?options=-csearch_path%3D{schema}")
+    separator = "&" if "?" in base_url else "?"  # a multi-host URL has its servers in the query
+    store = SQLStore(f"{base_url}{separator}options=-csearch_path%3D{schema}")
     try:
         yield store
     finally:
@@ -106,6 +108,9 @@ HARNESSES: dict[str, Harness] = {
     "sqlite": Harness("sqlite", _sqlite, _sql_expire),
     "postgresql": Harness("postgresql", _postgres, _sql_expire),
 }
+
+if os.environ.get("FENCE_TEST_PG_HA"):  # a primary and a standby: make contract-pg-ha, not make test
+    HARNESSES["postgresql-ha"] = importlib.import_module(f"{__package__}.harness_pgha").HARNESS
 
 # Other stores bring their harness in a module of their own: tests/contract/harness_<store>.py defining
 # HARNESS (a Harness); a module that is not there yet simply adds nothing.

@@ -34,9 +34,10 @@ def _binaries() -> Path | None:
 class PostgresServer:
     """One private postmaster, started and stopped by pid."""
 
-    def __init__(self, binaries: Path, directory: Path) -> None:
-        self.binaries, self.directory, self.port = binaries, directory, free_port()
+    def __init__(self, binaries: Path, directory: Path, port: int | None = None) -> None:
+        self.binaries, self.directory, self.port = binaries, directory, port or free_port()
         self.data = directory / "data"
+        self.settings: list[str] = []  # more ``-c name=value`` for ``postgres`` (replication: pg_pair)
         self.process: subprocess.Popen[bytes] | None = None
         self._user = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
 
@@ -57,8 +58,11 @@ class PostgresServer:
         args = [str(self.binaries / "postgres"), "-D", str(self.data), "-p", str(self.port)]
         args += ["-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.directory}"]
         args += ["-c", "fsync=on", "-c", "max_connections=500"]  # the soak's 100 pool processes
-        with open(self.directory / "postgres.log", "ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, **self._run_as())  # type: ignore[call-overload]
+        args += [arg for setting in self.settings for arg in ("-c", setting)]
+        with open(self.directory / "postgres.log", "ab") as log:  # a session of its own: kill() ends it all
+            self.process = subprocess.Popen(  # type: ignore[call-overload]
+                args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **self._run_as()
+            )
         deadline = time.monotonic() + 30
         while not self._answers():
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -77,6 +81,14 @@ class PostgresServer:
     def crash(self) -> None:
         """Immediate shutdown (SIGQUIT: no checkpoint, crash recovery on the next start)."""
         self._signal(signal.SIGQUIT)
+
+    def kill(self) -> None:
+        """SIGKILL of the postmaster and every backend at once (its process group): a machine crash, no
+        goodbye on any connection."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
 
     def stop(self) -> None:
         self._signal(signal.SIGINT)  # fast shutdown

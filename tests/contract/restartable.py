@@ -20,9 +20,12 @@ from celery_fence import open_store
 
 from . import harness_etcd
 from .harness_redis import RedisServer
+from .pg_pair import postgres_pair
 from .pg_server import private_postgres
 
 RESTARTABLE = ("postgresql", "redis", "etcd")
+# A primary and a streaming standby (pg_pair): ``server`` is the pair, ``server.failing_over()`` its fault.
+STANDBY_PAIRS = {"postgresql-sync-standby": True, "postgresql-async-standby": False}
 
 
 @contextlib.contextmanager
@@ -33,6 +36,13 @@ def restartable_store(name: str, request: pytest.FixtureRequest) -> Iterator[tup
             store = open_store(server.url())
             try:
                 yield store, server
+            finally:
+                store.close()
+    elif name in STANDBY_PAIRS:
+        with postgres_pair(synchronous=STANDBY_PAIRS[name]) as pair:
+            store = open_store(pair.url())
+            try:
+                yield store, pair
             finally:
                 store.close()
     elif name == "redis":

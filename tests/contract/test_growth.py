@@ -21,7 +21,7 @@ def footprint(store: Any, name: str) -> int:
     """Everything the store keeps, counted at the store itself (rows, list items, keys)."""
     if name == "memory":
         return len(store._rows) + len(store._history) + sum(map(len, store._steps.values()))
-    if name in ("sqlite", "postgresql"):
+    if name in ("sqlite", "postgresql", "postgresql-ha"):
         with store.engine.connect() as conn:
             tables = ("fence_leases", "fence_history", "fence_steps")
             return sum(int(conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()) for t in tables)

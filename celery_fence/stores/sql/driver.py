@@ -22,7 +22,7 @@ from sqlalchemy import Engine, PoolProxiedConnection, TextClause
 from sqlalchemy.engine.interfaces import DBAPICursor, Dialect
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from .engine import ended_while_idle
+from .engine import ended_while_idle, on_read_only_server, read_only
 from .lock import apply_busy_timeout
 from .queries import Queries
 
@@ -88,7 +88,7 @@ class DriverStatements:
     def _held_connection(self) -> tuple[PoolProxiedConnection, DBAPICursor]:
         """The held connection and its cursor (one cursor serves every statement: it costs to create)."""
         held = self._held
-        if held is not None and (not held[0].is_valid or ended_while_idle(held[0].dbapi_connection)):
+        if held is not None and (not held[0].is_valid or _unusable(held[0].dbapi_connection)):
             if held[0].is_valid:
                 held[0].invalidate()
             held[0].close()
@@ -119,7 +119,14 @@ class DriverStatements:
     def _wrapped(self, conn: PoolProxiedConnection, exc: Exception, sql: str, args: Any) -> StatementError:
         dialect = self.engine.dialect
         dbapi_error = dialect.loaded_dbapi.Error
-        lost = isinstance(exc, dbapi_error) and dialect.is_disconnect(exc, conn.dbapi_connection, None)
+        lost = isinstance(exc, dbapi_error) and (
+            dialect.is_disconnect(exc, conn.dbapi_connection, None) or read_only(exc)
+        )
         if lost:
             conn.invalidate(exc)  # the pool must not hand this connection out again
         return DBAPIError.instance(sql, args, exc, dbapi_error, connection_invalidated=lost, dialect=dialect)
+
+
+def _unusable(dbapi_conn: Any) -> bool:
+    """What the pool's checkout replaces (``engine._drop_if_ended``), for the held connection."""
+    return ended_while_idle(dbapi_conn) or on_read_only_server(dbapi_conn)

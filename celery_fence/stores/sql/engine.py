@@ -21,9 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import (
-    ArgumentError,
     DataError,
     DBAPIError,
     IntegrityError,
@@ -39,6 +37,7 @@ from ..urls import mask_url
 from ..validation import out_of_tokens
 from .lock import apply_busy_timeout, is_locked, locked_message, remember_busy_limit
 from .schema import RANGE_EXHAUSTED
+from .url import check_sql_url
 
 __all__ = [
     "RowLocked",
@@ -46,6 +45,8 @@ __all__ = [
     "check_sql_url",
     "create_store_engine",
     "ended_while_idle",
+    "on_read_only_server",
+    "read_only",
     "safe_url",
     "translate_errors",
     "user_statement_errors",
@@ -61,25 +62,6 @@ class SessionLimits:
     statement: float = 10.0
     tcp_user: float = 5.0
     connect: float = 5.0
-
-
-def check_sql_url(url: str) -> Any:
-    """The parsed ``url``, or ``ConfigurationError`` for what no engine can work with (no I/O)."""
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError):  # a bad port is a ValueError; the cause would repeat the password
-        raise ConfigurationError(
-            f"malformed fence store URL {mask_url(url)!r}: use dialect[+driver]://[user[:password]@]host"
-            "[:port]/database (the port a number)"
-        ) from None
-    if parsed.get_backend_name() == "sqlite" and (
-        parsed.database in (None, "", ":memory:") or "mode=memory" in str(parsed)
-    ):
-        raise ConfigurationError(
-            "an in-memory SQLite database is private to one connection; use 'memory://' for an "
-            "in-process store or 'sqlite:///path/to/fence.db' for a file"
-        )
-    return parsed
 
 
 def create_store_engine(url: str, limits: SessionLimits, autocommit: bool = False) -> Engine:
@@ -126,6 +108,7 @@ def _postgres_engine(url: Any, limits: SessionLimits, autocommit: bool) -> Engin
         url, connect_args=connect_args, pool_size=pool_size, max_overflow=8, **_pool_options(autocommit)
     )
     event.listen(engine, "checkout", _drop_if_ended)
+    event.listen(engine, "handle_error", _read_only_is_a_disconnect)
     return engine
 
 
@@ -141,12 +124,26 @@ def ended_while_idle(dbapi_conn: Any) -> bool:
         return True
 
 
+def on_read_only_server(dbapi_conn: Any) -> bool:
+    """Whether the server says it takes no writes: a standby (``in_hot_standby``), or a server fenced off
+    for a failover (``default_transaction_read_only``). PostgreSQL 14+ reports both to the client at
+    connect and on every change, so this costs no round trip; older servers report neither."""
+    info = getattr(dbapi_conn, "info", None)
+    status = getattr(info, "parameter_status", None)
+    if status is None:
+        return False
+    return "on" in (status("in_hot_standby"), status("default_transaction_read_only"))
+
+
 def _drop_if_ended(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
     """On checkout, replace a connection that the server ended while it sat in the pool, and every
     connection pooled before it (they were most likely ended together), before a statement is sent on it:
-    a statement that failed there could not be told apart from one that ran and lost its reply."""
+    a statement that failed there could not be told apart from one that ran and lost its reply. Likewise
+    one on a read-only server: its reads may be behind the primary's, its writes fail."""
     if ended_while_idle(dbapi_conn):
         raise InvalidatePoolError("the server ended a pooled connection while it was idle")
+    if on_read_only_server(dbapi_conn):
+        raise InvalidatePoolError("a pooled connection's server is read-only (a standby?)")
 
 
 def _sqlite_engine(url: Any, limits: SessionLimits, autocommit: bool) -> Engine:
@@ -185,7 +182,21 @@ _PG_UNAVAILABLE = {
     "08003",
     "08006",
     "25P03",
+    "25006",  # read_only_sql_transaction: a standby, or a server being fenced off (see read_only)
 }
+READ_ONLY = "25006"
+
+
+def read_only(exc: BaseException) -> bool:
+    """A write refused by a read-only server (before it did anything): a standby not yet promoted, or a
+    primary made read-only for a failover. The connection is replaced like a lost one, so the next
+    statement asks libpq for the read-write server of the URL again."""
+    return getattr(exc, "sqlstate", None) == READ_ONLY
+
+
+def _read_only_is_a_disconnect(context: Any) -> None:
+    if read_only(context.original_exception):
+        context.is_disconnect = True  # SQLAlchemy then invalidates the connection and its pool
 
 
 @contextmanager

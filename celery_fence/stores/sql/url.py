@@ -1,0 +1,59 @@
+"""The checks of a SQL store URL that need no I/O, PostgreSQL's multi-host form included.
+
+libpq takes several servers in one URL and connects to the first that answers and suits
+``target_session_attrs``; in SQLAlchemy's form the servers are repeated ``host`` query parameters:
+``postgresql+psycopg://user:pw@/db?host=h1:5432&host=h2:5432&target_session_attrs=read-write``. The store
+writes on every call, and reads what it must trust after a lost reply (DESIGN.md §1): a list of servers
+that may connect to a standby (which answers reads from its own, possibly older, copy) is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from ...errors import ConfigurationError
+from ..urls import mask_url
+
+__all__ = ["check_sql_url"]
+
+# What libpq calls a server that takes writes: a multi-host URL must ask for one of these.
+_WRITABLE = ("read-write", "primary")
+
+
+def check_sql_url(url: str) -> Any:
+    """The parsed ``url``, or ``ConfigurationError`` for what no engine can work with (no I/O)."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):  # a bad port is a ValueError; the cause would repeat the password
+        raise ConfigurationError(
+            f"malformed fence store URL {mask_url(url)!r}: use dialect[+driver]://[user[:password]@]host"
+            "[:port]/database (the port a number)"
+        ) from None
+    if parsed.get_backend_name() == "sqlite" and (
+        parsed.database in (None, "", ":memory:") or "mode=memory" in str(parsed)
+    ):
+        raise ConfigurationError(
+            "an in-memory SQLite database is private to one connection; use 'memory://' for an "
+            "in-process store or 'sqlite:///path/to/fence.db' for a file"
+        )
+    if parsed.get_backend_name() == "postgresql":
+        _check_hosts(url, parsed)
+    return parsed
+
+
+def _check_hosts(url: str, parsed: Any) -> None:
+    """The servers are the ``host`` query parameters when there are any (they win over a host before the
+    ``/``, as SQLAlchemy passes them: ``user@localhost/db?host=/run/postgresql`` is one server)."""
+    hosts = parsed.query.get("host", ())
+    hosts = [name for entry in ((hosts,) if isinstance(hosts, str) else hosts) for name in entry.split(",")]
+    if len(hosts) <= 1:  # libpq's own form, host=h1,h2, counts as two
+        return
+    if parsed.query.get("target_session_attrs") not in _WRITABLE:
+        raise ConfigurationError(
+            f"fence store URL {mask_url(url)!r} lists {len(hosts)} servers without "
+            "'target_session_attrs=read-write': libpq could connect to a standby, whose reads may be "
+            "behind the primary and whose writes fail; add '&target_session_attrs=read-write'"
+        )
