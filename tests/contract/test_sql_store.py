@@ -410,7 +410,7 @@ def test_a_connection_lost_in_the_callers_statements_is_the_store_unavailable(
 def _sessions(store: SQLStore) -> set[int]:
     """The server sessions behind ``store``'s held connection and a pooled one of each engine."""
     store.renew([store.acquire(f"probe-{os.getpid()}", "p", TTL)], TTL)  # the held connection, in use
-    held = store._driver._held
+    held = store.db._hot._held
     assert held is not None
     found = {held[0].dbapi_connection.info.backend_pid}  # type: ignore[union-attr]
     for engine in (store.engine, store.autocommit_engine):

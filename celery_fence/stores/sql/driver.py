@@ -7,8 +7,8 @@ order), and sent on the DBAPI cursor of one connection that the store keeps chec
 engine's pool for them; a thread that finds it in use (a renew while a run completes) takes another from
 the pool for that statement. The held connection is checked like a pooled one before each use (the server
 may have ended it while idle), on SQLite given this thread's lock wait (``lock``), and dropped when the
-driver says it is broken. A driver error is re-raised as
-the ``DBAPIError`` SQLAlchemy itself would raise, so ``translate_errors`` maps it like any other.
+driver says it is broken. A driver error becomes a celery-fence error at the store's one boundary
+(``errors.driver_error``), as one wrapped by SQLAlchemy does.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from typing import Any
 
 from sqlalchemy import Engine, PoolProxiedConnection, TextClause
 from sqlalchemy.engine.interfaces import DBAPICursor, Dialect
-from sqlalchemy.exc import DBAPIError, StatementError
 
-from .engine import ended_while_idle, on_read_only_server, read_only
+from ...errors import FenceError
+from .engine import ended_while_idle, on_read_only_server
+from .errors import driver_error, not_sent, read_only
 from .lock import apply_busy_timeout
 from .queries import Queries
 
@@ -46,8 +47,8 @@ def _compile(clause: TextClause, dialect: Dialect) -> _Compiled:
 class DriverStatements:
     """The hot statements of one store, each run as one autocommit round trip."""
 
-    def __init__(self, engine: Engine, queries: Queries) -> None:
-        self.engine = engine
+    def __init__(self, url: str, engine: Engine, queries: Queries) -> None:
+        self.url, self.engine = url, engine
         self._compiled = {name: _compile(getattr(queries, name), engine.dialect) for name in HOT}
         self._held: tuple[PoolProxiedConnection, DBAPICursor] | None = None
         self._held_lock = threading.Lock()
@@ -99,13 +100,11 @@ class DriverStatements:
         return held
 
     def _connect(self) -> PoolProxiedConnection:
-        """A connection from the pool. Unlike ``Engine.connect``, ``raw_connection`` lets the driver's own
-        error out when it cannot connect: wrap it as SQLAlchemy does, for ``translate_errors``."""
-        dialect = self.engine.dialect
+        """A connection from the pool (``raw_connection``: the driver's own error when it cannot connect)."""
         try:
             return self.engine.raw_connection()
-        except dialect.loaded_dbapi.Error as exc:
-            raise DBAPIError.instance(None, None, exc, dialect.loaded_dbapi.Error, dialect=dialect) from exc
+        except self.engine.dialect.loaded_dbapi.Error as exc:
+            raise driver_error(self.url, exc, lost=True) from exc
 
     def _execute(self, conn: PoolProxiedConnection, cursor: DBAPICursor, sql: str, args: Any) -> list[Any]:
         try:
@@ -113,18 +112,17 @@ class DriverStatements:
                 apply_busy_timeout(conn.dbapi_connection, conn.info)  # type: ignore[arg-type]
             cursor.execute(sql, args)
             return list(cursor.fetchall())
-        except Exception as exc:  # anything the driver raised: SQLAlchemy's own wrapping decides the type
-            raise self._wrapped(conn, exc, sql, args) from exc
+        except Exception as exc:  # anything the driver raised
+            raise self._failed(conn, exc) from exc
 
-    def _wrapped(self, conn: PoolProxiedConnection, exc: Exception, sql: str, args: Any) -> StatementError:
+    def _failed(self, conn: PoolProxiedConnection, exc: Exception) -> FenceError:
         dialect = self.engine.dialect
-        dbapi_error = dialect.loaded_dbapi.Error
-        lost = isinstance(exc, dbapi_error) and (
-            dialect.is_disconnect(exc, conn.dbapi_connection, None) or read_only(exc)
-        )
+        if not isinstance(exc, dialect.loaded_dbapi.Error):
+            return not_sent(self.url, exc)
+        lost = dialect.is_disconnect(exc, conn.dbapi_connection, None) or read_only(exc)
         if lost:
             conn.invalidate(exc)  # the pool must not hand this connection out again
-        return DBAPIError.instance(sql, args, exc, dbapi_error, connection_invalidated=lost, dialect=dialect)
+        return driver_error(self.url, exc, lost)
 
 
 def _unusable(dbapi_conn: Any) -> bool:

@@ -1,4 +1,4 @@
-"""Engines for the SQL store, and the one place where driver errors become celery-fence errors.
+"""Engines for the SQL store (its errors become celery-fence errors in ``errors``).
 
 A store has two engines on the same database and session settings: one for explicit transactions, and one
 in autocommit for the single statements (no ``BEGIN``/``COMMIT`` around them, and no reset ``ROLLBACK``
@@ -15,41 +15,28 @@ with ``BEGIN IMMEDIATE`` (a deferred transaction that reads then writes fails wi
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import (
-    DataError,
-    DBAPIError,
-    IntegrityError,
     InvalidatePoolError,
     NoSuchModuleError,
-    SQLAlchemyError,
-    StatementError,
 )
 
-from ...errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable, TokenRewound
+from ...errors import ConfigurationError
 from ..liveness import idle_socket_is_readable
 from ..urls import mask_url
-from ..validation import out_of_tokens
-from .lock import apply_busy_timeout, is_locked, locked_message, remember_busy_limit
-from .schema import RANGE_EXHAUSTED
+from .errors import read_only
+from .lock import apply_busy_timeout, remember_busy_limit
 from .url import check_sql_url
 
 __all__ = [
-    "RowLocked",
     "SessionLimits",
     "check_sql_url",
     "create_store_engine",
     "ended_while_idle",
     "on_read_only_server",
-    "read_only",
-    "safe_url",
-    "translate_errors",
-    "user_statement_errors",
 ]
 
 
@@ -171,113 +158,6 @@ def _sqlite_engine(url: Any, limits: SessionLimits, autocommit: bool) -> Engine:
     return engine
 
 
-_PG_UNAVAILABLE = {
-    "55P03",
-    "57014",
-    "57P01",
-    "57P02",
-    "57P03",
-    "53300",
-    "08000",
-    "08003",
-    "08006",
-    "25P03",
-    "25006",  # read_only_sql_transaction: a standby, or a server being fenced off (see read_only)
-}
-READ_ONLY = "25006"
-
-
-def read_only(exc: BaseException) -> bool:
-    """A write refused by a read-only server (before it did anything): a standby not yet promoted, or a
-    primary made read-only for a failover. The connection is replaced like a lost one, so the next
-    statement asks libpq for the read-write server of the URL again."""
-    return getattr(exc, "sqlstate", None) == READ_ONLY
-
-
 def _read_only_is_a_disconnect(context: Any) -> None:
     if read_only(context.original_exception):
         context.is_disconnect = True  # SQLAlchemy then invalidates the connection and its pool
-
-
-@contextmanager
-def translate_errors(url: str) -> Iterator[None]:
-    """Translate SQLAlchemy and driver exceptions; nothing else may leak to callers."""
-    try:
-        yield
-    except FenceError:
-        raise
-    except DBAPIError as exc:
-        raise _translate_dbapi(url, exc) from exc
-    except StatementError as exc:  # the driver could not even send a parameter: the value is the problem
-        if isinstance(exc.orig, (ValueError, OverflowError)):  # UnicodeError is a ValueError
-            raise InvalidArgument(f"the store cannot take this value: {exc.orig}") from exc
-        raise StoreUnavailable(f"fence store {safe_url(url)} failed: {exc}") from exc
-    except SQLAlchemyError as exc:
-        raise StoreUnavailable(f"fence store {safe_url(url)} failed: {exc}") from exc
-
-
-# The caller's statements in a fenced transaction fail for these without any fault of theirs: the
-# session's own timeouts (statement, lock, idle in transaction), a deadlock or serialization failure, the
-# server going away. Nothing was committed and running again can succeed, so they are StoreUnavailable.
-_TRANSIENT_IN_TRANSACTION = {"57014", "55P03", "25P03", "40001", "40P01"} | _PG_UNAVAILABLE
-
-
-@contextmanager
-def user_statement_errors(url: str) -> Iterator[None]:
-    """Around the caller's own statements in a fenced transaction: their errors stay theirs, except what
-    waiting can heal (a lost connection, a session timeout, a deadlock), which is ``StoreUnavailable``."""
-    try:
-        yield
-    except DBAPIError as exc:
-        code = getattr(exc.orig, "sqlstate", None)
-        if not exc.connection_invalidated and code not in _TRANSIENT_IN_TRANSACTION:
-            raise
-        first = str(exc.orig).splitlines()[0] if str(exc.orig) else type(exc.orig).__name__
-        raise StoreUnavailable(
-            f"fence store {safe_url(url)}: the run's transaction failed ({first}); nothing of it was "
-            "committed, the run will run again"
-        ) from exc
-
-
-class RowLocked(StoreUnavailable):
-    """A statement met a row lock it would not wait for (PostgreSQL 55P03): an acquire reads it as held."""
-
-
-def _translate_dbapi(url: str, exc: DBAPIError) -> FenceError:
-    message = str(exc.orig)
-    code = getattr(exc.orig, "sqlstate", None)
-    if code == "55P03":
-        return RowLocked(f"fence store {safe_url(url)}: a row is locked: {message.splitlines()[0]}")
-    if is_locked(exc.orig):  # SQLite's busy timeout ran out: another process holds the write lock
-        return StoreUnavailable(locked_message(url))
-    if code == "42501":  # insufficient privilege: no wait heals it (typically the tables are not made yet)
-        return ConfigurationError(
-            f"fence store {safe_url(url)}: {message.splitlines()[0]}: this database role may not create or "
-            "use the fence_* tables; create them with 'celery -A yourapp fence migrate' (or your own "
-            "migrations, docs/alembic.md) as a role that may, and grant this one their use"
-        )
-    return _translate_refusal(url, exc, message, code)
-
-
-def _translate_refusal(url: str, exc: DBAPIError, message: str, code: str | None) -> FenceError:
-    if code == "FE001" or "fence token counter rewound" in message:
-        return TokenRewound(f"{message.splitlines()[0]}: run 'celery fence advance' on {safe_url(url)}")
-    if code == "2200H" or RANGE_EXHAUSTED in message:  # the token sequence reached its MAXVALUE
-        return out_of_tokens()
-    if isinstance(exc, IntegrityError):
-        return InvalidArgument(f"the store refused a duplicate: {message.splitlines()[0]}")
-    # Class 22 is "data exception" (a value out of range, NUL in text...): waiting cannot heal it.
-    if (code or "").startswith("22") or isinstance(exc, DataError) or isinstance(exc.orig, OverflowError):
-        return InvalidArgument(f"the store refused a value: {message.splitlines()[0]}")
-    if (
-        exc.connection_invalidated
-        or code in _PG_UNAVAILABLE
-        or isinstance(exc.orig, sqlite3.OperationalError)
-    ):
-        return StoreUnavailable(f"fence store {safe_url(url)} unavailable: {message.splitlines()[0]}")
-    return StoreUnavailable(f"fence store {safe_url(url)} failed: {message.splitlines()[0]}")
-
-
-def safe_url(url: str) -> str:
-    """``url`` with its password hidden, for messages."""
-    return mask_url(url)

@@ -13,7 +13,7 @@ from sqlalchemy import Connection
 from ... import codec
 from ...lease import Abandoned, validate_key
 from ..validation import check_abandoned, check_age, check_limit, check_text
-from .engine import RowLocked
+from .errors import RowLocked
 from .queries import Queries
 
 __all__ = ["SQLRecovery"]

@@ -23,7 +23,7 @@ from ... import codec
 from ..._failpoints import failpoint
 from ...errors import StaleToken, StoreUnavailable, UsageError
 from ...lease import Lease
-from .engine import translate_errors, user_statement_errors
+from .errors import translate_errors, user_statement_errors
 
 if TYPE_CHECKING:
     from .store import SQLStore

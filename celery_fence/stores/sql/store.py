@@ -1,7 +1,7 @@
 """The SQL store: PostgreSQL (psycopg 3) and SQLite, on SQLAlchemy Core.
 
 acquire, renew (of any number of leases), complete and release are one statement each, run in autocommit
-so one statement is one round trip; the audit trail is written by a trigger inside that same statement.
+so one statement is one round trip; the audit trail is written inside that same statement.
 Those four run on the driver's cursor, compiled once (``driver``); the rest goes through SQLAlchemy.
 Multi-statement work (fenced transactions, steps, refusals) runs in one short explicit transaction.
 """
@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from sqlalchemy import Connection
 
 from ... import codec
-from ..._process import forget_in_child
 from ...errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
 from ...lease import HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
 from ..validation import (
@@ -29,20 +28,13 @@ from ..validation import (
     check_text,
     past_the_range,
 )
-from .driver import DriverStatements
-from .engine import (
-    RowLocked,
-    SessionLimits,
-    create_store_engine,
-    safe_url,
-    translate_errors,
-)
+from .connections import Connections
+from .engine import SessionLimits
+from .errors import RowLocked, safe_url, translate_errors
 from .files import check_sql_store_url, sql_capabilities
-from .queries import queries_for
 from .recovery import SQLRecovery
 from .rows import lease_state, renew_params
 from .run import RunTransaction
-from .schema import migrate, schema_current
 
 __all__ = ["SQLStore"]
 
@@ -59,51 +51,22 @@ class SQLStore(SQLRecovery):
 
     def __init__(self, url: str, limits: SessionLimits | None = None) -> None:
         self.url, self.capabilities = url, sql_capabilities(url)
-        limits = self.limits = limits or SessionLimits()
-        self.engine = create_store_engine(url, limits)  # explicit transactions
-        self.autocommit_engine = create_store_engine(url, limits, autocommit=True)
-        self.dialect = self.engine.dialect.name
-        self.q = queries_for(self.dialect)
-        self._driver = DriverStatements(self.autocommit_engine, self.q)
-        self._schema_ready = False
-        forget_in_child(self)
-
-    # -- schema --
+        self.limits = limits or SessionLimits()
+        self.db = Connections(url, self.limits)
+        self.engine, self.autocommit_engine = self.db.engine, self.db.autocommit_engine
+        self.dialect, self.q = self.db.dialect, self.db.queries
 
     def migrate(self) -> None:
-        with translate_errors(self.url), self.engine.begin() as conn:
-            migrate(conn)
-        self._schema_ready = True
+        self.db.migrate()
 
     def _ready(self) -> None:
-        if self._schema_ready:
-            return
-        # Checked on the autocommit engine: a process whose runs open no fenced transaction then holds
-        # one connection, not one per engine.
-        with translate_errors(self.url), self.autocommit_engine.connect() as conn:
-            current = schema_current(conn)
-        if not current:
-            self.migrate()
-        self._schema_ready = True
+        self.db.ready()
 
-    @contextmanager
-    def _one(self) -> Iterator[Connection]:
-        """An autocommit connection: each statement is its own transaction and one round trip."""
-        self._ready()
-        with translate_errors(self.url), self.autocommit_engine.connect() as conn:
-            yield conn
+    def _one(self) -> AbstractContextManager[Connection]:
+        return self.db.one()
 
     def _hot(self, name: str, params: Mapping[str, Any]) -> Sequence[Any]:
-        """The rows of hot statement ``name``: one autocommit round trip on the driver's cursor."""
-        self._ready()
-        with translate_errors(self.url):
-            return self._driver.rows(name, params)
-
-    @contextmanager
-    def _tx(self) -> Iterator[Connection]:
-        self._ready()
-        with translate_errors(self.url), self.engine.begin() as conn:
-            yield conn
+        return self.db.hot(name, params)
 
     # -- the lease operations --
 
@@ -184,8 +147,7 @@ class SQLStore(SQLRecovery):
         check_step_name(name)
         value_text = codec.dumps(value, self.max_value_bytes)
         params = {"key": lease.key, "name": name, "token": lease.token, "value": value_text}
-        self._ready()
-        with translate_errors(self.url), self.engine.begin() as conn:
+        with self.db.transaction() as conn:
             current = self.guard(conn, lease, "step", name)
             if current:
                 conn.execute(self.q.insert_step, params)
@@ -242,7 +204,8 @@ class SQLStore(SQLRecovery):
 
     def prune(self, older_than: float) -> int:
         age = {"age": check_age(older_than)}
-        with self._tx() as conn:  # steps and history go with the keys; one marker takes the history's place
+        # Steps and history go with the keys; one marker takes the history's place.
+        with self.db.transaction() as conn:
             conn.execute(self.q.prune_markers, age)  # earlier prunes' markers past the cutoff go first
             keys = [{"key": k, "token": t, **PRUNED} for k, t in conn.execute(self.q.prune, age).all()]
             if keys:
@@ -255,7 +218,7 @@ class SQLStore(SQLRecovery):
         """One transaction that no acquire can interleave: on PostgreSQL it first takes the lock every
         ``nextval`` holds shared (see ``queries``); SQLite's transaction is ``BEGIN IMMEDIATE``."""
         check_gap(gap)
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             if self.q.lock_counter is not None:
                 conn.execute(self.q.lock_counter)
             floor = conn.execute(self.q.advance, {"gap": gap}).scalar()
@@ -264,16 +227,7 @@ class SQLStore(SQLRecovery):
         return int(floor)
 
     def close(self) -> None:
-        self._driver.close()
-        self.engine.dispose()
-        self.autocommit_engine.dispose()
-
-    def forget_after_fork(self) -> None:
-        """In a forked child: new, empty pools, the parent's connections dropped without being closed
-        (closing would end the parent's sessions); SQLAlchemy's recipe for ``fork``."""
-        self._driver.forget_after_fork()
-        self.engine.dispose(close=False)
-        self.autocommit_engine.dispose(close=False)
+        self.db.close()
 
     # -- internals --
 

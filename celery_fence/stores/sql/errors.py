@@ -1,0 +1,145 @@
+"""The SQL store's one error boundary: what its drivers (psycopg, sqlite3) raise, directly or wrapped by
+SQLAlchemy, becomes a celery-fence error here and nowhere else.
+
+A driver error is read for what it says (its SQLSTATE, its PEP 249 class, whether the connection was lost)
+the same way whichever path it came by: SQLAlchemy's statements, or the hot statements sent on the driver's
+own cursor (``driver``), which are not wrapped first.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError, StatementError
+
+from ...errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable, TokenRewound
+from ..urls import mask_url
+from ..validation import out_of_tokens
+from .lock import is_locked, locked_message
+from .schema import RANGE_EXHAUSTED
+
+__all__ = [
+    "RowLocked",
+    "driver_error",
+    "not_sent",
+    "read_only",
+    "safe_url",
+    "translate_errors",
+    "user_statement_errors",
+]
+
+_PG_UNAVAILABLE = {
+    "55P03",
+    "57014",
+    "57P01",
+    "57P02",
+    "57P03",
+    "53300",
+    "08000",
+    "08003",
+    "08006",
+    "25P03",
+    "25006",  # read_only_sql_transaction: a standby, or a server being fenced off (see read_only)
+}
+READ_ONLY = "25006"
+
+
+def read_only(exc: BaseException) -> bool:
+    """A write refused by a read-only server (before it did anything): a standby not yet promoted, or a
+    primary made read-only for a failover. The connection is replaced like a lost one, so the next
+    statement asks libpq for the read-write server of the URL again."""
+    return getattr(exc, "sqlstate", None) == READ_ONLY
+
+
+@contextmanager
+def translate_errors(url: str) -> Iterator[None]:
+    """Translate SQLAlchemy and driver exceptions; nothing else may leak to callers."""
+    try:
+        yield
+    except FenceError:
+        raise
+    except DBAPIError as exc:
+        raise driver_error(url, exc.orig or exc, exc.connection_invalidated) from exc
+    except StatementError as exc:  # the driver could not even send a parameter: the value is the problem
+        raise not_sent(url, exc.orig if exc.orig is not None else exc) from exc
+    except SQLAlchemyError as exc:
+        raise StoreUnavailable(f"fence store {safe_url(url)} failed: {exc}") from exc
+
+
+# The caller's statements in a fenced transaction fail for these without any fault of theirs: the
+# session's own timeouts (statement, lock, idle in transaction), a deadlock or serialization failure, the
+# server going away. Nothing was committed and running again can succeed, so they are StoreUnavailable.
+_TRANSIENT_IN_TRANSACTION = {"57014", "55P03", "25P03", "40001", "40P01"} | _PG_UNAVAILABLE
+
+
+@contextmanager
+def user_statement_errors(url: str) -> Iterator[None]:
+    """Around the caller's own statements in a fenced transaction: their errors stay theirs, except what
+    waiting can heal (a lost connection, a session timeout, a deadlock), which is ``StoreUnavailable``."""
+    try:
+        yield
+    except DBAPIError as exc:
+        code = getattr(exc.orig, "sqlstate", None)
+        if not exc.connection_invalidated and code not in _TRANSIENT_IN_TRANSACTION:
+            raise
+        first = str(exc.orig).splitlines()[0] if str(exc.orig) else type(exc.orig).__name__
+        raise StoreUnavailable(
+            f"fence store {safe_url(url)}: the run's transaction failed ({first}); nothing of it was "
+            "committed, the run will run again"
+        ) from exc
+
+
+class RowLocked(StoreUnavailable):
+    """A statement met a row lock it would not wait for (PostgreSQL 55P03): an acquire reads it as held."""
+
+
+def driver_error(url: str, orig: BaseException, lost: bool) -> FenceError:
+    """What driver exception ``orig`` means to a caller; ``lost``: the connection is gone with it (the
+    statement's outcome is unknown unless the server said otherwise)."""
+    message = str(orig).splitlines()[0] if str(orig) else type(orig).__name__
+    code = getattr(orig, "sqlstate", None)
+    if code == "55P03":
+        return RowLocked(f"fence store {safe_url(url)}: a row is locked: {message}")
+    if is_locked(orig):  # SQLite's busy timeout ran out: another process holds the write lock
+        return StoreUnavailable(locked_message(url))
+    if code == "42501":  # insufficient privilege: no wait heals it (typically the tables are not made yet)
+        return ConfigurationError(
+            f"fence store {safe_url(url)}: {message}: this database role may not create or "
+            "use the fence_* tables; create them with 'celery -A yourapp fence migrate' (or your own "
+            "migrations, docs/alembic.md) as a role that may, and grant this one their use"
+        )
+    return _refusal(url, orig, message, code, lost)
+
+
+def not_sent(url: str, exc: BaseException) -> FenceError:
+    """An exception that is not the driver's refusal: it could not even send a parameter."""
+    if isinstance(exc, (ValueError, OverflowError)):  # UnicodeError is a ValueError: the value is the problem
+        return InvalidArgument(f"the store cannot take this value: {exc}")
+    return StoreUnavailable(f"fence store {safe_url(url)} failed: {exc}")
+
+
+def _refusal(url: str, orig: BaseException, message: str, code: str | None, lost: bool) -> FenceError:
+    if code == "FE001" or "fence token counter rewound" in str(orig):
+        return TokenRewound(f"{message}: run 'celery fence advance' on {safe_url(url)}")
+    if code == "2200H" or RANGE_EXHAUSTED in str(orig):  # the token sequence reached its MAXVALUE
+        return out_of_tokens()
+    if _is_a(orig, "IntegrityError"):
+        return InvalidArgument(f"the store refused a duplicate: {message}")
+    # Class 22 is "data exception" (a value out of range, NUL in text...): waiting cannot heal it.
+    if (code or "").startswith("22") or _is_a(orig, "DataError") or isinstance(orig, OverflowError):
+        return InvalidArgument(f"the store refused a value: {message}")
+    if lost or code in _PG_UNAVAILABLE or isinstance(orig, sqlite3.OperationalError):
+        return StoreUnavailable(f"fence store {safe_url(url)} unavailable: {message}")
+    return StoreUnavailable(f"fence store {safe_url(url)} failed: {message}")
+
+
+def _is_a(orig: BaseException, pep249_class: str) -> bool:
+    """Whether ``orig`` is the driver's ``pep249_class`` (every DB-API driver names its classes alike)."""
+    return any(cls.__name__ == pep249_class for cls in type(orig).__mro__)
+
+
+def safe_url(url: str) -> str:
+    """``url`` with its password hidden, for messages."""
+    return mask_url(url)
