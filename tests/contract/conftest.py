@@ -9,7 +9,7 @@ from .checks import seed
 from .harness import HARNESSES, Harness
 
 
-@pytest.fixture(params=sorted(HARNESSES))
+@pytest.fixture(params=[pytest.param(name, marks=HARNESSES[name].marks) for name in sorted(HARNESSES)])
 def harness(request: pytest.FixtureRequest) -> Harness:
     return HARNESSES[request.param]
 

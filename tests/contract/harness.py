@@ -47,6 +47,7 @@ class Harness:
         True  # renew/complete of an expired, untaken lease still succeeds
     )
     multiprocess: bool = True  # other processes can open the same store by its url
+    marks: tuple[Any, ...] = ()  # pytest marks of every test on it (etcd_cluster: deselected by make test)
 
 
 def _memory(request: pytest.FixtureRequest) -> Iterator[Any]:
@@ -109,7 +110,7 @@ HARNESSES: dict[str, Harness] = {
 
 # Other stores bring their harness in a module of their own: tests/contract/harness_<store>.py defining
 # HARNESS (a Harness); a module that is not there yet simply adds nothing.
-for _name in ("redis", "etcd"):
+for _name in ("redis", "etcd", "etcd_cluster"):
     try:
         _module = importlib.import_module(f"{__package__}.harness_{_name}")
     except ModuleNotFoundError as _exc:

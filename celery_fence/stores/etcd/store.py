@@ -60,6 +60,11 @@ class EtcdStore:
         self.etcd_leases = ProcessLeases(self.gw)
         self._offset_key, self._epochs = f"{self.prefix}meta/offset", etcd.Epochs()
 
+    @staticmethod
+    def check_url(url: str) -> None:
+        """Refuse, without a round trip, a URL the store would refuse (a bad member list...)."""
+        etcd.parse_url(url)
+
     def migrate(self) -> None:
         """Nothing to create; checks that the gateway answers."""
         self._read([])
