@@ -48,6 +48,9 @@ class EtcdCluster:
         return self
 
     def stop(self) -> None:
+        for member in self.members:  # all at once, then each reaped by end_process
+            if member.process is not None and member.process.poll() is None:
+                member.process.terminate()
         for member in self.members:
             member.stop()
 

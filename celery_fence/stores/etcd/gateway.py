@@ -159,12 +159,12 @@ class Gateway:
             try:
                 status, raw = member.post(f"/v3{path}", data, idempotent)
             except NotSent as exc:
-                self.members.pass_over(member)
+                self.members.pass_over(member, exc)
                 failures.append(f"{member.base_url}: {exc}")
                 cause = exc.__cause__ or exc
                 continue
             except (OSError, http.client.HTTPException) as exc:
-                self.members.pass_over(member)
+                self.members.pass_over(member, f"{type(exc).__name__}: {exc}")
                 if idempotent:
                     failures.append(f"{member.base_url}: {type(exc).__name__}: {exc}")
                     cause = exc
@@ -182,7 +182,7 @@ class Gateway:
                 return answer
             error = _error(member.base_url, path, status, answer, text)
             if isinstance(error, StoreUnavailable):  # a member in trouble: the next call starts elsewhere
-                self.members.pass_over(member)
+                self.members.pass_over(member, error)
             if not (idempotent and isinstance(error, StoreUnavailable)):
                 raise error
             failures.append(str(error))

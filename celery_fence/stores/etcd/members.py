@@ -9,6 +9,7 @@ only a read (or a repeatable lease call) once it did.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from urllib.parse import unquote, urlsplit
@@ -18,6 +19,8 @@ from ..urls import mask_url
 from .http import Transport
 
 __all__ = ["Members", "parse_url"]
+
+log = logging.getLogger(__name__)
 
 _FORM = "etcd://host:2379[,host2:2379,...][/prefix/]"
 
@@ -66,12 +69,15 @@ class Members:
             start = self._preferred
         return [*self.transports[start:], *self.transports[:start]]
 
-    def pass_over(self, member: Transport) -> None:
+    def pass_over(self, member: Transport, why: object) -> None:
         """``member`` failed: the next one becomes preferred (unless another thread moved on already)."""
-        index = self.transports.index(member)
+        index, moved = self.transports.index(member), None
         with self._lock:
-            if self._preferred == index:
-                self._preferred = (index + 1) % len(self.transports)
+            if self._preferred == index and len(self.transports) > 1:
+                self._preferred = moved = (index + 1) % len(self.transports)
+        if moved is not None:  # once per move, so an operator sees a member in trouble
+            log.warning("etcd member %s failed (%s); passing over to %s", member.base_url, why,
+                        self.transports[moved].base_url)
 
     @property
     def preferred(self) -> Transport:
