@@ -14,6 +14,7 @@ import threading
 from collections.abc import Sequence
 from urllib.parse import unquote, urlsplit
 
+from ..._process import forget_in_child
 from ...errors import ConfigurationError
 from ..urls import mask_url
 from .http import Transport
@@ -57,11 +58,16 @@ def _endpoint(url: str, entry: str) -> str:
 
 class Members:
     """One :class:`Transport` per member and which one to ask first (shared by the process's threads: a
-    hint, so a forked child may keep it)."""
+    hint, which a forked child keeps)."""
 
     def __init__(self, base_urls: Sequence[str], timeout: tuple[float, float]) -> None:
         self.transports = [Transport(url.rstrip("/"), timeout) for url in base_urls]
         self._lock, self._preferred = threading.Lock(), 0
+        forget_in_child(self)
+
+    def forget_after_fork(self) -> None:
+        """A lock another thread of the parent held at the fork would never be released in the child."""
+        self._lock = threading.Lock()
 
     def in_order(self) -> list[Transport]:
         """Every member once, the preferred first, then the ones after it."""
