@@ -10,7 +10,7 @@ import importlib
 import signal
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -118,3 +118,8 @@ for _name in ("redis", "etcd", "etcd_cluster"):
             raise
     else:
         HARNESSES[_name] = _module.HARNESS
+
+
+def harness_params(names: Iterable[str] | None = None) -> list[Any]:
+    """``names`` (every harness by default) as fixture params, each with its harness's marks."""
+    return [pytest.param(name, marks=HARNESSES[name].marks) for name in sorted(names or HARNESSES)]

@@ -30,14 +30,14 @@ from celery_fence.testing import Fault, IndeterminateStore, Outcome
 from celery_fence.verify import verify_store
 from celery_fence.worker.bootstep import settle_owed_records
 
-from .harness import HARNESSES, Harness
+from .harness import HARNESSES, Harness, harness_params
 from .inprocess import memory_app, running_worker
 
 STORES = ("memory", "sqlite", "postgresql", "redis", "etcd_cluster")  # etcd_cluster: marked, not make test
 EFFECTS = "fence_test_effects"
 
 
-@pytest.fixture(params=[pytest.param(name, marks=HARNESSES[name].marks) for name in STORES])
+@pytest.fixture(params=harness_params(STORES))
 def harness(request: pytest.FixtureRequest) -> Harness:
     return HARNESSES[request.param]
 
