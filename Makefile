@@ -6,7 +6,7 @@ PYTEST = $(PY) -m pytest
 ARGS ?=
 LINT_PATHS = $(wildcard celery_fence tests example_app benchmarks)
 
-.PHONY: venv test pkg unit contract contract-pg-ha integration chaos soak lint type check demo bench compare flower-screenshot clean
+.PHONY: venv test pkg unit contract contract-pg-ha contract-etcd-cluster integration chaos soak lint type check demo bench compare flower-screenshot clean
 
 venv: $(VENV)/.installed
 
@@ -16,10 +16,10 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-# Everything but the soaks, then the packaging check; CI runs this. The chaos tests size themselves by
-# FENCE_SOAK_RUNS.
+# Everything but the soaks and the contract suite on a 3-member etcd, then the packaging check; CI runs
+# this. The chaos tests size themselves by FENCE_SOAK_RUNS.
 test: venv
-	$(PYTEST) -m "not soak" $(ARGS)
+	$(PYTEST) -m "not soak and not etcd_cluster" $(ARGS)
 	$(MAKE) pkg
 
 # Build the sdist and wheel (a setuptools warning about a package it would leave out fails it), twine
@@ -39,6 +39,11 @@ contract: venv
 # `make test`, which would run the PostgreSQL half of the suite twice.
 contract-pg-ha: venv
 	FENCE_TEST_PG_HA=1 $(PYTEST) tests/contract -k postgresql-ha $(ARGS)
+
+# The whole store contract suite on a 3-member etcd cluster (the etcd_cluster marker; make test runs only
+# the failover cases of tests/contract/test_etcd_cluster.py).
+contract-etcd-cluster: venv
+	$(PYTEST) tests/contract -m etcd_cluster $(ARGS)
 
 integration: venv
 	$(PYTEST) tests/integration -m "not soak" $(ARGS)

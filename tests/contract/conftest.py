@@ -6,10 +6,10 @@ from typing import Any
 import pytest
 
 from .checks import seed
-from .harness import HARNESSES, Harness
+from .harness import HARNESSES, Harness, harness_params
 
 
-@pytest.fixture(params=sorted(HARNESSES))
+@pytest.fixture(params=harness_params())
 def harness(request: pytest.FixtureRequest) -> Harness:
     return HARNESSES[request.param]
 

@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +48,7 @@ class Harness:
         True  # renew/complete of an expired, untaken lease still succeeds
     )
     multiprocess: bool = True  # other processes can open the same store by its url
+    marks: tuple[Any, ...] = ()  # pytest marks of every test on it (etcd_cluster: deselected by make test)
 
 
 def _memory(request: pytest.FixtureRequest) -> Iterator[Any]:
@@ -114,7 +115,7 @@ if os.environ.get("FENCE_TEST_PG_HA"):  # a primary and a standby: make contract
 
 # Other stores bring their harness in a module of their own: tests/contract/harness_<store>.py defining
 # HARNESS (a Harness); a module that is not there yet simply adds nothing.
-for _name in ("redis", "etcd"):
+for _name in ("redis", "etcd", "etcd_cluster"):
     try:
         _module = importlib.import_module(f"{__package__}.harness_{_name}")
     except ModuleNotFoundError as _exc:
@@ -122,3 +123,8 @@ for _name in ("redis", "etcd"):
             raise
     else:
         HARNESSES[_name] = _module.HARNESS
+
+
+def harness_params(names: Iterable[str] | None = None) -> list[Any]:
+    """``names`` (every harness by default) as fixture params, each with its harness's marks."""
+    return [pytest.param(name, marks=HARNESSES[name].marks) for name in sorted(names or HARNESSES)]

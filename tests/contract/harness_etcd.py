@@ -18,7 +18,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,15 @@ from .harness import Harness, end_process
 class EtcdServer:
     """One private single-member etcd, started and stopped by pid."""
 
-    def __init__(self, binary: str, directory: Path, *options: str) -> None:
-        self.binary, self.directory, self.options = binary, directory, options
+    def __init__(self, binary: str, directory: Path, *options: str, name: str = "default") -> None:
+        self.binary, self.directory, self.options, self.name = binary, directory, options, name
         self.port, self.peer_port = free_port(), free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self.initial_cluster = f"{name}={self.peer_url}"  # a cluster of members sets it to all of them
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
 
     @property
     def client_url(self) -> str:
@@ -47,16 +52,22 @@ class EtcdServer:
         return f"etcd://127.0.0.1:{self.port}/{prefix}"
 
     def start(self) -> EtcdServer:
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        args = [self.binary, "--name", "default", "--data-dir", str(self.directory / "data")]
+        self.launch()
+        return self.wait_healthy()
+
+    def launch(self) -> None:
+        """Start the process; a cluster's member is healthy only once a majority of them runs."""
+        args = [self.binary, "--name", self.name, "--data-dir", str(self.directory / "data")]
         args += ["--listen-client-urls", self.client_url, "--advertise-client-urls", self.client_url]
-        args += ["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer]
-        args += ["--initial-cluster", f"default={peer}", "--log-outputs", "stderr", *self.options]
+        args += ["--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url]
+        args += ["--initial-cluster", self.initial_cluster, "--log-outputs", "stderr", *self.options]
         with open(self.directory / "etcd.log", "ab") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
+
+    def wait_healthy(self, timeout: float = 30) -> EtcdServer:
+        deadline = time.monotonic() + timeout
         while not self.healthy():
-            if self.process.poll() is not None or time.monotonic() > deadline:
+            if self.process is None or self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 log_tail = (self.directory / "etcd.log").read_text(errors="replace")[-2000:]
                 pytest.fail(f"etcd on port {self.port} did not start:\n{log_tail}")
@@ -84,25 +95,38 @@ _shared: list[EtcdServer] = []
 
 def shared_server(request: pytest.FixtureRequest) -> EtcdServer:
     """The session's private etcd, started on first use."""
-    if not _shared:
-        binary = request.getfixturevalue("etcd_binary")
-        directory = Path(tempfile.mkdtemp(prefix="fence-etcd-"))
-        server = EtcdServer(binary, directory).start()
-        _shared.append(server)
+    binary = request.getfixturevalue("etcd_binary")
+    found: EtcdServer = once_per_session(request, _shared, lambda d: EtcdServer(binary, d).start(), "etcd")
+    return found
+
+
+def once_per_session(
+    request: pytest.FixtureRequest, shared: list[Any], start: Callable[[Path], Any], name: str
+) -> Any:
+    """``shared[0]``, made by ``start(a temp dir)`` on first use, stopped at the session's end (or exit)."""
+    if not shared:
+        directory = Path(tempfile.mkdtemp(prefix=f"fence-{name}-"))
+        server = start(directory)
+        shared.append(server)
 
         def stop() -> None:
             server.stop()
             shutil.rmtree(directory, ignore_errors=True)
-            _shared.clear()
+            shared.clear()
 
         request.session.addfinalizer(stop)
         atexit.register(stop)
-    return _shared[0]
+    return shared[0]
 
 
 def open_etcd_store(request: pytest.FixtureRequest) -> Iterator[EtcdStore]:
     """A store under a fresh prefix on the shared server; its leases and keys are gone afterwards."""
-    store = EtcdStore(shared_server(request).url(f"t{uuid.uuid4().hex[:12]}/"))
+    yield from open_store_at(shared_server(request).url(f"t{uuid.uuid4().hex[:12]}/"))
+
+
+def open_store_at(url: str) -> Iterator[EtcdStore]:
+    """A store on ``url``; its etcd leases and keys (its whole prefix) are gone afterwards."""
+    store = EtcdStore(url)
     yield store
     store.etcd_leases.revoke_all()
     store.gw.txn([], [delete(store.prefix, prefix=True)])

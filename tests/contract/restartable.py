@@ -3,6 +3,8 @@
 Each server is durable the way production needs it to be for tokens never to go back: PostgreSQL with
 ``fsync``, Redis with ``appendonly yes`` and ``appendfsync always``, etcd as it is (its WAL is synced on every
 commit). A Redis without persistence loses its counter on restart; that case is the rewind guard's test.
+``etcd3`` is a 3-member etcd cluster of the test's own (:class:`~.harness_etcd_cluster.EtcdCluster`): its
+members are killed, cut off and restarted one at a time.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 from celery_fence import open_store
 
 from . import harness_etcd
+from .harness_etcd_cluster import private_cluster
 from .harness_redis import RedisServer
 from .pg_pair import postgres_pair
 from .pg_server import private_postgres
@@ -61,5 +64,12 @@ def restartable_store(name: str, request: pytest.FixtureRequest) -> Iterator[tup
             yield next(opened), harness_etcd.shared_server(request)
         finally:
             opened.close()
+    elif name == "etcd3":  # a 3-member cluster of its own: the test kills, cuts and restarts members
+        with private_cluster(request) as cluster:
+            opened = harness_etcd.open_store_at(cluster.url("fence/"))
+            try:
+                yield next(opened), cluster
+            finally:
+                opened.close()
     else:
-        raise ValueError(f"no restartable server for {name!r}: one of {RESTARTABLE}")
+        raise ValueError(f"no restartable server for {name!r}: one of {RESTARTABLE} or etcd3")

@@ -33,7 +33,7 @@ def footprint(store: Any, name: str) -> int:
                 length = {"list": client.llen, "hash": client.hlen, "set": client.scard, "zset": client.zcard}
                 size += int(length[kind](key)) if kind in length else 1
             return size
-    assert name == "etcd"
+    assert name in ("etcd", "etcd_cluster")
     return len(store._read([get(store.prefix, prefix=True, keys_only=True)]).kvs(1))
 
 

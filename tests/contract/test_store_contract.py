@@ -24,17 +24,16 @@ from celery_fence import (
 from celery_fence.stores.base import AdminStore, AuditStore, RecoveryStore, RunStore, lacking
 
 from .checks import audits
-from .harness import HARNESSES, Harness
+from .harness import HARNESSES, Harness, harness_params
 from .run_only import RUN_ONLY
 
 TTL = 30.0
 
 
-@pytest.fixture(params=[*sorted(HARNESSES), RUN_ONLY.name])
+@pytest.fixture(params=[*harness_params(), RUN_ONLY.name])
 def harness(request: pytest.FixtureRequest) -> Harness:
     """Every store, and a store with the run role only: a run needs nothing more of a store."""
     return RUN_ONLY if request.param == RUN_ONLY.name else HARNESSES[request.param]
-
 
 
 def test_acquire_free_key(store: Any) -> None:
@@ -258,7 +257,6 @@ RICH = {
     "raw": b"\x00\xff binary",
     "nested": [{"when": dt.date(2000, 1, 1), "ids": [uuid.UUID(int=7)], "d": Decimal("-0.1")}],
 }
-
 
 
 def test_results_and_steps_keep_the_types_celerys_json_carries(store: Any) -> None:

@@ -5,7 +5,9 @@ Every transport and HTTP error is translated in :meth:`Gateway.call`, the one bo
 or failed connection, a timeout, an answer lost after the request went out) or a transient gRPC code ->
 ``StoreUnavailable``; an answer that is not the gateway's JSON (404 without the gateway, 501 from another
 server) or etcd auth -> ``ConfigurationError``; ``requested lease not found`` -> :class:`LeaseNotFound`; any
-other refusal (over ``--max-request-bytes``...) -> ``InvalidArgument``.
+other refusal (over ``--max-request-bytes``...) -> ``InvalidArgument``. With several members, a request
+that reached none goes on to the next, and so does a read whose answer was lost or transient; a write whose
+answer was lost is ``StoreUnavailable`` at once (it may have committed): see :meth:`Gateway.call`.
 """
 
 from __future__ import annotations
@@ -17,13 +19,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from ...errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable
-from ..urls import mask_url
-from .http import Transport
+from .http import NotSent, Transport
+from .members import Members, parse_url
 
-__all__ = ["KV", "Epochs", "Gateway", "LeaseNotFound", "TxnResult", "parse_url"]
+__all__ = ["KV", "Epochs", "Gateway", "LeaseNotFound", "TxnResult", "parse_url"]  # parse_url: .members
 
 Op = dict[str, Any]
 _TRANSIENT = {1, 2, 4, 10, 13, 14}  # gRPC Canceled, Unknown, DeadlineExceeded, Aborted, Internal, Unavailable
@@ -104,32 +105,22 @@ def holds(key: str, value: str) -> Op:  # the key exists with this value
     return {"key": _b64(key), "target": "VALUE", "result": "EQUAL", "value": _b64(value)}
 
 
-def parse_url(url: str, prefix: object = None) -> tuple[str, str]:
-    """``etcd://host:port/prefix/`` -> ``("host:port", "prefix/")``: port 2379, prefix ``fence/`` by default;
-    a ``prefix`` given apart wins over the URL's."""
-    parts = urlsplit(url)
-    try:
-        port = parts.port or 2379
-    except ValueError as exc:
-        raise ConfigurationError(f"bad port in etcd store URL {mask_url(url)!r}: {exc}") from exc
-    if parts.scheme != "etcd" or not parts.hostname or parts.username or parts.query or parts.fragment:
-        raise ConfigurationError(f"an etcd store URL is etcd://host:2379[/prefix/], got {mask_url(url)!r}")
-    prefix = prefix if prefix is not None else unquote(parts.path.lstrip("/")) or "fence/"
-    if not isinstance(prefix, str) or not prefix.strip("/"):
-        raise ConfigurationError(f"an etcd key prefix is a non-empty str such as 'fence/', got {prefix!r}")
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{host}:{port}", prefix if prefix.endswith("/") else f"{prefix}/"
-
-
 class Gateway:
-    """HTTP client of one etcd endpoint, over this process's keep-alive connections (:mod:`.http`)."""
+    """HTTP client of an etcd cluster's members (one for a single endpoint), over this process's keep-alive
+    connections (:mod:`.http`), failing over between them (:mod:`.members`)."""
 
-    def __init__(self, base_url: str, timeout: tuple[float, float] = (3.0, 5.0)) -> None:
-        self.base_url, self.timeout = base_url.rstrip("/"), timeout
-        self.http = Transport(self.base_url, timeout)
+    def __init__(self, base_urls: str | Sequence[str], timeout: tuple[float, float] = (3.0, 5.0)) -> None:
+        urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        self.members, self.timeout = Members(urls, timeout), timeout
+        self.base_url = ",".join(t.base_url for t in self.members.transports)  # for messages
+
+    @property
+    def http(self) -> Transport:
+        """The transport of the member asked first now."""
+        return self.members.preferred
 
     def close(self) -> None:
-        self.http.close()
+        self.members.close()
 
     def txn(self, compare: Sequence[Op], success: Sequence[Op], failure: Sequence[Op] = ()) -> TxnResult:
         reads = all("request_range" in op for op in (*success, *failure))  # a lost answer may be asked again
@@ -138,12 +129,13 @@ class Gateway:
         revision = int(answer.get("header", {}).get("revision", 0))
         return TxnResult(bool(answer.get("succeeded")), revision, answer.get("responses", []))
 
-    def grant(self, ttl: int) -> int:
-        return int(self.call("/lease/grant", {"TTL": str(ttl)})["ID"])
+    def grant(self, ttl: int) -> int:  # asked again, it grants a second lease, which runs out unused
+        return int(self.call("/lease/grant", {"TTL": str(ttl)}, idempotent=True)["ID"])
 
     def keepalive(self, lease_id: int) -> int:
         """Seconds the lease now has; 0 when it is gone (the gateway then answers 200 without a TTL)."""
-        return int(self.call("/lease/keepalive", {"ID": str(lease_id)}).get("result", {}).get("TTL", 0))
+        answer = self.call("/lease/keepalive", {"ID": str(lease_id)}, idempotent=True)  # twice: no harm
+        return int(answer.get("result", {}).get("TTL", 0))
 
     def time_to_live(self, lease_id: int) -> int:
         """Seconds the lease has left; -1 when it is gone."""
@@ -152,26 +144,53 @@ class Gateway:
 
     def revoke(self, lease_id: int) -> None:
         with contextlib.suppress(LeaseNotFound):  # already gone
-            self.call("/lease/revoke", {"ID": str(lease_id)})
+            self.call("/lease/revoke", {"ID": str(lease_id)}, idempotent=True)
 
     def call(self, path: str, body: Op, idempotent: bool = False) -> Op:
-        """POST ``body`` to ``/v3{path}``; ``idempotent``: a read, which the transport may send again once
-        when a reused connection turns out dropped (a write never is: its outcome is unknown)."""
-        try:
-            status, raw = self.http.post(f"/v3{path}", json.dumps(body).encode(), idempotent)
-        except (OSError, http.client.HTTPException) as exc:
-            raise StoreUnavailable(
-                f"etcd at {self.base_url} did not answer ({type(exc).__name__}: {exc}); check that etcd runs "
-                "and that its --listen-client-urls and --advertise-client-urls include this address"
-            ) from exc
-        text = raw.decode("utf-8", "replace")
-        try:  # the first JSON object: a streamed answer has one per line
-            answer = json.loads(text.strip().split("\n", 1)[0])
-        except ValueError:
-            answer = None
-        if status == http.HTTPStatus.OK and isinstance(answer, dict) and "code" not in answer:
-            return answer
-        raise _error(self.base_url, path, status, answer, text)
+        """POST ``body`` to ``/v3{path}`` on the preferred member, failing over to the next ones.
+
+        A request that reached no member (connection refused or timed out) goes to the next one, whatever it
+        is. Once sent, only an ``idempotent`` one (a read, a repeatable lease call) does, when its answer is
+        lost or is a transient refusal ("no leader", "leader changed"...); a write's lost answer raises
+        ``StoreUnavailable`` at once: it may have committed, on any member, and only the caller can find out.
+        """
+        data, failures, cause = json.dumps(body).encode(), list[str](), None
+        for member in self.members.in_order():
+            try:
+                status, raw = member.post(f"/v3{path}", data, idempotent)
+            except NotSent as exc:
+                self.members.pass_over(member, exc)
+                failures.append(f"{member.base_url}: {exc}")
+                cause = exc.__cause__ or exc
+                continue
+            except (OSError, http.client.HTTPException) as exc:
+                self.members.pass_over(member, f"{type(exc).__name__}: {exc}")
+                if idempotent:
+                    failures.append(f"{member.base_url}: {type(exc).__name__}: {exc}")
+                    cause = exc
+                    continue
+                raise StoreUnavailable(
+                    f"etcd at {member.base_url} did not answer ({type(exc).__name__}: {exc}); the write may "
+                    "have committed or not"
+                ) from exc
+            text = raw.decode("utf-8", "replace")
+            try:  # the first JSON object: a streamed answer has one per line
+                answer = json.loads(text.strip().split("\n", 1)[0])
+            except ValueError:
+                answer = None
+            if status == http.HTTPStatus.OK and isinstance(answer, dict) and "code" not in answer:
+                return answer
+            error = _error(member.base_url, path, status, answer, text)
+            if isinstance(error, StoreUnavailable):  # a member in trouble: the next call starts elsewhere
+                self.members.pass_over(member, error)
+            if not (idempotent and isinstance(error, StoreUnavailable)):
+                raise error
+            failures.append(str(error))
+            cause = error
+        raise StoreUnavailable(
+            f"no etcd member answered ({'; '.join(failures)}); check that etcd runs and that its "
+            "--listen-client-urls and --advertise-client-urls include these addresses"
+        ) from cause
 
 
 def _error(base: str, path: str, status: int, answer: Any, text: str) -> FenceError:

@@ -1,4 +1,5 @@
-"""The etcd store's HTTP transport: keep-alive ``http.client`` connections to one gateway endpoint.
+"""The etcd store's HTTP transport: keep-alive ``http.client`` connections to one gateway endpoint (one per
+cluster member, :mod:`.members`).
 
 Not ``requests``: on a loopback etcd 3.4 it cost about 540 µs of client CPU per ``Txn``, a bare keep-alive
 ``http.client`` connection about 143 µs (issue 16), and the gateway needs nothing more than POST with JSON.
@@ -15,7 +16,8 @@ Not ``requests``: on a loopback etcd 3.4 it cost about 540 µs of client CPU per
   connection was a reused one (the keep-alive race: the server closed it as the request went out). A write
   is never resent: whether it committed is unknown, and the caller reports that as the store being
   unavailable. Errors are raised as they come (``OSError``, ``http.client.HTTPException``); the gateway maps
-  them.
+  them. A connection that could not be made (refused, timed out) is :class:`NotSent`: nothing reached the
+  member, so the gateway may send any request to another one.
 """
 
 from __future__ import annotations
@@ -28,11 +30,15 @@ from urllib.parse import urlsplit
 
 from ..._process import forget_in_child
 
-__all__ = ["EtcdConnection", "Transport"]
+__all__ = ["EtcdConnection", "NotSent", "Transport"]
 
 _HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 # The keep-alive race: the server closed a reused connection as the request went out, before answering.
 _DROPPED = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+
+
+class NotSent(OSError):
+    """No connection to the member could be made: not a byte of the request left this process."""
 
 
 class EtcdConnection(http.client.HTTPConnection):
@@ -61,7 +67,7 @@ class Transport:
     """POST to one ``http://host:port`` endpoint over this process's keep-alive connections."""
 
     def __init__(self, base_url: str, timeout: tuple[float, float]) -> None:
-        parts = urlsplit(base_url)
+        parts, self.base_url = urlsplit(base_url), base_url
         self.host, self.port, self.timeout = parts.hostname or "", parts.port, timeout
         self._lock, self._idle = threading.Lock(), list[EtcdConnection]()
         self._generation = 0  # close() bumps it: a connection taken before is closed when given back
@@ -115,6 +121,11 @@ class Transport:
 
 
 def _exchange(conn: EtcdConnection, path: str, body: bytes) -> tuple[int, bytes]:
+    if conn.sock is None:  # connect apart, so that a failure here is known to have sent nothing
+        try:
+            conn.connect()
+        except OSError as exc:
+            raise NotSent(f"{type(exc).__name__}: {exc}") from exc
     # http.client sends the headers and the body apart; sending them in one measured no cheaper (client and
     # etcd CPU per Txn within 3%)
     conn.request("POST", path, body, _HEADERS)

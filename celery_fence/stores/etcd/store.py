@@ -1,4 +1,5 @@
-"""The etcd store (``etcd://host:port[/prefix/]``, prefix ``fence/`` by default) on etcd's v3 JSON gateway.
+"""The etcd store (``etcd://host:port[,host2:port,...][/prefix/]``, prefix ``fence/`` by default) on etcd's v3
+JSON gateway, failing over between the members listed (:mod:`.members`).
 
 The layout of the per-key records is in :mod:`celery_fence.stores.etcd.records`.
 
@@ -53,11 +54,16 @@ class EtcdStore:
     capabilities = CAPABILITIES
 
     def __init__(self, url: str, prefix: str | None = None, timeout: tuple[float, float] = _TIMEOUT) -> None:
-        netloc, self.prefix = etcd.parse_url(url, prefix)
-        self.url = f"etcd://{netloc}/{quote(self.prefix)}"  # names the same keys in any process
-        self.gw = etcd.Gateway(f"http://{netloc}", timeout)
+        members, self.prefix = etcd.parse_url(url, prefix)
+        self.url = f"etcd://{','.join(members)}/{quote(self.prefix)}"  # names the same keys in any process
+        self.gw = etcd.Gateway([f"http://{member}" for member in members], timeout)
         self.etcd_leases = ProcessLeases(self.gw)
         self._offset_key, self._epochs = f"{self.prefix}meta/offset", etcd.Epochs()
+
+    @staticmethod
+    def check_url(url: str) -> None:
+        """Refuse, without a round trip, a URL the store would refuse (a bad member list...)."""
+        etcd.parse_url(url)
 
     def migrate(self) -> None:
         """Nothing to create; checks that the gateway answers."""
