@@ -65,7 +65,7 @@ class RoundTrips:
 
 def _lease_of(store: EtcdStore, key: str) -> int:
     """The etcd lease the key's lock is attached to."""
-    lock = store.gw.txn([], [range_of(store._k("lock", key))]).first(0)
+    lock = store.gw.txn([], [range_of(store.space.k("lock", key))]).first(0)
     assert lock is not None
     return lock.lease
 
@@ -403,7 +403,7 @@ def test_abandoned_counts_its_grace_from_when_it_was_first_seen_expired(estore: 
     run = {"task": "t", "id": "1", "args": [], "kwargs": {}}
     estore.acquire("k", "a", TTL, run)
     estore.etcd_leases.revoke_all()
-    held = estore._k("held", "k")
+    held = estore.space.k("held", "k")
     assert estore.abandoned(60.0) == []  # etcd does not say when it expired: stamped now
     stamp = float((estore.gw.txn([], [range_of(held)]).first(0) or pytest.fail()).value)
     assert abs(stamp - time.time()) < 5

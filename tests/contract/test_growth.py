@@ -34,7 +34,7 @@ def footprint(store: Any, name: str) -> int:
                 size += int(length[kind](key)) if kind in length else 1
             return size
     assert name in ("etcd", "etcd_cluster")
-    return len(store._read([get(store.prefix, prefix=True, keys_only=True)]).kvs(1))
+    return len(store.space.read([get(store.prefix, prefix=True, keys_only=True)]).kvs(1))
 
 
 def _cycle(store: Any, prefix: str) -> None:

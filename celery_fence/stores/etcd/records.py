@@ -25,7 +25,7 @@ import json
 import math
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote
 
 from ... import codec
@@ -33,13 +33,9 @@ from ...lease import Abandoned, HistoryEvent, Lease, LeaseState, recovery_backof
 from ..validation import check_abandoned, check_age, check_limit
 from . import gateway as etcd
 from .gateway import KV, Op
-
-if TYPE_CHECKING:
-    from .store import EtcdStore
+from .keyspace import KINDS, Keyspace
 
 __all__ = ["abandoned", "current_token", "history", "prune", "recover", "state_token", "states", "strand"]
-
-KINDS = ("state", "lock", "held", "done", "dead", "recovery")  # per-key records, in read order
 
 
 def current_token(epochs: etcd.Epochs, lock: KV | None, state: KV | None) -> int | None:
@@ -58,21 +54,21 @@ def state_token(epochs: etcd.Epochs, state: KV, info: Mapping[str, Any]) -> int:
     return epochs.token(state.mod) if pinned is None else int(pinned)
 
 
-def states(store: EtcdStore, ranges: list[Op]) -> list[LeaseState]:
+def states(space: Keyspace, ranges: list[Op]) -> list[LeaseState]:
     """The states read by ``ranges`` (one per kind, in ``KINDS`` order), with the time left on live locks."""
-    by_key = store._records(ranges)
+    by_key = space.records(ranges)
     ids = {found["lock"].lease for found in by_key.values() if "lock" in found}
-    ttls = {lease_id: store.gw.time_to_live(lease_id) for lease_id in ids}
-    return [_state(store, key, found, ttls) for key, found in sorted(by_key.items()) if "state" in found]
+    ttls = {lease_id: space.gw.time_to_live(lease_id) for lease_id in ids}
+    return [_state(space, key, found, ttls) for key, found in sorted(by_key.items()) if "state" in found]
 
 
-def _state(store: EtcdStore, key: str, found: Mapping[str, KV], ttls: Mapping[int, int]) -> LeaseState:
+def _state(space: Keyspace, key: str, found: Mapping[str, KV], ttls: Mapping[int, int]) -> LeaseState:
     info, done, lock = json.loads(found["state"].value), found.get("done"), found.get("lock")
     expires_in = None if lock is None and "held" not in found else 0.0  # 0.0: expired, not taken over
     if lock is not None:
         expires_in = max(0.0, float(ttls.get(lock.lease, 0)))
     result = None if done is None else codec.loads(json.loads(done.value)["result"])
-    token = state_token(store._epochs, found["state"], info)
+    token = state_token(space.epochs, found["state"], info)
     dead = found["dead"].value if "dead" in found else None
     rec = _recovery(found)
     counts = rec["count"], rec["sent"]
@@ -82,103 +78,103 @@ def _state(store: EtcdStore, key: str, found: Mapping[str, KV], ttls: Mapping[in
     )
 
 
-def history(store: EtcdStore, key: str | None) -> list[HistoryEvent]:
+def history(space: Keyspace, key: str | None) -> list[HistoryEvent]:
     """Events and prune markers in revision order (a marker is put again by a later prune of its key: its
     ``mod_revision``); ``at`` (the writer's clock) is made non-decreasing along it."""
     if key is None:
-        ranges = [etcd.get(store._k("history"), prefix=True), etcd.get(store._k("pruned"), prefix=True)]
+        ranges = [etcd.get(space.k("history"), prefix=True), etcd.get(space.k("pruned"), prefix=True)]
     else:
-        ranges = [etcd.get(store._k("history", key) + "/", prefix=True), etcd.get(store._k("pruned", key))]
-    found = store._read(ranges)
+        ranges = [etcd.get(space.k("history", key) + "/", prefix=True), etcd.get(space.k("pruned", key))]
+    found = space.read(ranges)
     events, at = [], -math.inf
     for kv in sorted([*found.kvs(1), *found.kvs(2)], key=lambda kv: (kv.mod, kv.key)):
         e = json.loads(kv.value)
         at = max(at, e["at"])
-        token = store._epochs.token(kv.create) if e["token"] is None else e["token"]
+        token = space.epochs.token(kv.create) if e["token"] is None else e["token"]
         events.append(HistoryEvent(at, e["event"], token, e["owner"], e["detail"], key=e["key"]))
     return events
 
 
-def prune(store: EtcdStore, older_than: float) -> int:
+def prune(space: Keyspace, older_than: float) -> int:
     """Delete every record of keys finished before ``older_than`` seconds ago (writer clocks), history too,
     leaving one marker ``pruned/<key>`` (the state's token) in its place; older markers go first."""
     cutoff = time.time() - check_age(older_than)
     kinds = ("pruned", "done", "state")
-    found = store._read([etcd.get(store._k(k), prefix=True, keys_only=k == "state") for k in kinds])
+    found = space.read([etcd.get(space.k(k), prefix=True, keys_only=k == "state") for k in kinds])
     for kv in found.kvs(1):
         if json.loads(kv.value)["at"] <= cutoff:
-            store.gw.txn([etcd.modified(kv.key, kv.mod)], [etcd.delete(kv.key)])
+            space.gw.txn([etcd.modified(kv.key, kv.mod)], [etcd.delete(kv.key)])
     old = [kv for kv in found.kvs(2) if json.loads(kv.value)["finished_at"] <= cutoff]
     states = {kv.key: kv for kv in found.kvs(3)}
-    return sum(_wipe(store, kv, states) for kv in old)
+    return sum(_wipe(space, kv, states) for kv in old)
 
 
-def _wipe(store: EtcdStore, done: KV, states: Mapping[str, KV]) -> bool:
+def _wipe(space: Keyspace, done: KV, states: Mapping[str, KV]) -> bool:
     """One ``Txn``: the key's records, steps and history go (growth stays bounded), its marker is put."""
-    key = unquote(done.key[len(store._k("done")) :])
-    state = states.get(store._k("state", key))
-    token = json.loads(done.value)["token"] if state is None else store._epochs.token(state.mod)
+    key = unquote(done.key[len(space.k("done")) :])
+    state = states.get(space.k("state", key))
+    token = json.loads(done.value)["token"] if state is None else space.epochs.token(state.mod)
     unchanged = [
         etcd.created(done.key, done.create),
-        etcd.modified(store._k("state", key), state.mod if state else 0),
+        etcd.modified(space.k("state", key), state.mod if state else 0),
     ]
-    deletes = [etcd.delete(store._k(kind, key)) for kind in KINDS]
-    children = [etcd.delete(store._k(kind, key) + "/", prefix=True) for kind in ("steps", "history")]
+    deletes = [etcd.delete(space.k(kind, key)) for kind in KINDS]
+    children = [etcd.delete(space.k(kind, key) + "/", prefix=True) for kind in ("steps", "history")]
     marker = dict(key=key, event="pruned", token=token, owner=None, detail=None, at=time.time())
-    ops = [*deletes, *children, etcd.put(store._k("pruned", key), json.dumps(marker))]
-    return store.gw.txn(unchanged, ops).succeeded
+    ops = [*deletes, *children, etcd.put(space.k("pruned", key), json.dumps(marker))]
+    return space.gw.txn(unchanged, ops).succeeded
 
 
-def abandoned(store: EtcdStore, grace: float, limit: int) -> list[Abandoned]:
+def abandoned(space: Keyspace, grace: float, limit: int) -> list[Abandoned]:
     """Keys held without a lock (expired), not done, dead or recovered within ``grace``."""
     grace, limit, now, late = check_age(grace), check_limit(limit), time.time(), []
-    found = store._records([etcd.get(store._k(kind), prefix=True) for kind in KINDS])
+    found = space.records([etcd.get(space.k(kind), prefix=True) for kind in KINDS])
     idle = {key: r for key, r in found.items() if _idle(r)}
     for key, r in idle.items():
         if not r["held"].value:  # first seen expired: stamp it, unless a lock was taken meanwhile
-            guard = [etcd.modified(r["held"].key, r["held"].mod), etcd.created(store._k("lock", key), 0)]
-            store.gw.txn(guard, [etcd.put(r["held"].key, repr(now))])
+            guard = [etcd.modified(r["held"].key, r["held"].mod), etcd.created(space.k("lock", key), 0)]
+            space.gw.txn(guard, [etcd.put(r["held"].key, repr(now))])
         expired_at = float(r["held"].value or now)
         rec = _recovery(r)
         if expired_at <= now - grace and rec["at"] <= now - grace * recovery_backoff(rec["sent"]):
             late.append((expired_at, key))
-    return [_abandoned(store, key, idle[key]) for _, key in sorted(late)[:limit]]
+    return [_abandoned(space, key, idle[key]) for _, key in sorted(late)[:limit]]
 
 
-def recover(store: EtcdStore, seen: Abandoned, max_recoveries: int, reason: str) -> int | None:
-    k = {kind: store._k(kind, check_abandoned(seen, max_recoveries, reason).key) for kind in KINDS}
-    r = store._records([etcd.get(name) for name in k.values()]).get(seen.key, {})
-    if not _idle(r) or _abandoned(store, seen.key, r) != seen:
+def recover(space: Keyspace, seen: Abandoned, max_recoveries: int, reason: str) -> int | None:
+    k = {kind: space.k(kind, check_abandoned(seen, max_recoveries, reason).key) for kind in KINDS}
+    r = space.records([etcd.get(name) for name in k.values()]).get(seen.key, {})
+    if not _idle(r) or _abandoned(space, seen.key, r) != seen:
         return None  # taken over, finished, dead, or recovered first
     count, sent, dead = seen.recoveries, seen.sent, seen.recoveries >= max_recoveries
     lease = Lease(seen.key, seen.token, json.loads(r["state"].value)["owner"] or "")
     if dead:
-        ops = _mark_dead(store, k, lease, "dead", reason or f"gave up after {count} recoveries")
+        ops = _mark_dead(space, k, lease, "dead", reason or f"gave up after {count} recoveries")
     else:
         sent += 1
-        ops = [store._event(lease, "recovered", str(count + 1))]
+        ops = [space.event(lease, "recovered", str(count + 1))]
     record = {"count": count, "at": time.time(), "sent": sent, "rev": r["state"].mod}
     ops.append(etcd.put(k["recovery"], json.dumps(record)))
-    return (0 if dead else count + 1) if store.gw.txn(_unchanged(k, r), ops).succeeded else None
+    return (0 if dead else count + 1) if space.gw.txn(_unchanged(k, r), ops).succeeded else None
 
 
-def strand(store: EtcdStore, key: str, reason: str, run_text: str | None) -> bool | None:
+def strand(space: Keyspace, key: str, reason: str, run_text: str | None) -> bool | None:
     """Mark a free key dead (``Store.strand``) in one ``Txn`` comparing every per-key record and the token
     offset with what was read; ``None``: something changed meanwhile, judge the key again."""
-    k = {kind: store._k(kind, key) for kind in KINDS}
-    r = store._records([etcd.get(name) for name in k.values()]).get(key, {})
+    k = {kind: space.k(kind, key) for kind in KINDS}
+    r = space.records([etcd.get(name) for name in k.values()]).get(key, {})
     if {"lock", "held", "done"} & r.keys():
         return False  # leased (an expired lease is recovery's) or finished
-    epochs = store._epochs  # as refreshed by that read
+    epochs = space.epochs  # as refreshed by that read
     token = state_token(epochs, r["state"], json.loads(r["state"].value)) if "state" in r else 0
     state = etcd.put(k["state"], json.dumps({"owner": None, "run": run_text, "token": token}))
-    ops = [state, *_mark_dead(store, k, Lease(key, token, ""), "gave-up", reason)]
-    return store.gw.txn([*_unchanged(k, r), store._offset_is(epochs)], ops).succeeded or None
+    ops = [state, *_mark_dead(space, k, Lease(key, token, ""), "gave-up", reason)]
+    return space.gw.txn([*_unchanged(k, r), space.offset_is(epochs)], ops).succeeded or None
 
 
-def _mark_dead(store: EtcdStore, k: Mapping[str, str], lease: Lease, event: str, reason: str) -> list[Op]:
+def _mark_dead(space: Keyspace, k: Mapping[str, str], lease: Lease, event: str, reason: str) -> list[Op]:
     """The puts that mark a key dead, logged as ``event`` with the lease's token as it is (0 too)."""
-    return [etcd.put(k["dead"], reason), store._event(lease, event, reason, literal=True)]
+    return [etcd.put(k["dead"], reason), space.event(lease, event, reason, literal=True)]
 
 
 def _unchanged(k: Mapping[str, str], r: Mapping[str, KV]) -> list[Op]:
@@ -186,10 +182,10 @@ def _unchanged(k: Mapping[str, str], r: Mapping[str, KV]) -> list[Op]:
     return [etcd.modified(k[kind], r[kind].mod if kind in r else 0) for kind in KINDS]
 
 
-def _abandoned(store: EtcdStore, key: str, r: Mapping[str, KV]) -> Abandoned:
+def _abandoned(space: Keyspace, key: str, r: Mapping[str, KV]) -> Abandoned:
     run = codec.loads(json.loads(r["state"].value)["run"])
     rec = _recovery(r)
-    return Abandoned(key, store._epochs.token(r["state"].mod), run, rec["count"], rec["sent"])
+    return Abandoned(key, space.epochs.token(r["state"].mod), run, rec["count"], rec["sent"])
 
 
 def _idle(r: Mapping[str, KV]) -> bool:

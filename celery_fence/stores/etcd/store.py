@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote, unquote
@@ -34,14 +33,13 @@ from ..validation import (
 from . import admin, records
 from . import gateway as etcd
 from .gateway import KV, Op, TxnResult
+from .keyspace import KINDS, MAX_OPS, Keyspace
 from .leases import CAPABILITIES, ProcessLeases, lease_seconds
 
 __all__ = ["EtcdStore"]
 
 T = TypeVar("T")
-_KINDS = records.KINDS
 _ATTEMPTS = 5  # a Txn spoiled by an advance or by its etcd lease running out is tried again this often
-_MAX_OPS = 128  # etcd's default --max-txn-ops
 _TIMEOUT = (3.0, 5.0)  # seconds to connect, to read an answer
 
 
@@ -58,7 +56,7 @@ class EtcdStore:
         self.url = f"etcd://{','.join(members)}/{quote(self.prefix)}"  # names the same keys in any process
         self.gw = etcd.Gateway([f"http://{member}" for member in members], timeout)
         self.etcd_leases = ProcessLeases(self.gw)
-        self._offset_key, self._epochs = f"{self.prefix}meta/offset", etcd.Epochs()
+        self.space = Keyspace(self.gw, self.prefix)
 
     @staticmethod
     def check_url(url: str) -> None:
@@ -67,7 +65,7 @@ class EtcdStore:
 
     def migrate(self) -> None:
         """Nothing to create; checks that the gateway answers."""
-        self._read([])
+        self.space.read([])
 
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
         validate_key(key)
@@ -93,7 +91,7 @@ class EtcdStore:
         lost = [lease for lease in leases if lease not in current]
         for lease in lost:
             self.etcd_leases.untrack(lease)
-        self._log([self._event(lease, "renew-failed") for lease in lost])
+        self.space.log([self.space.event(lease, "renew-failed") for lease in lost])
         return lost
 
     def complete(self, lease: Lease, result: Any) -> None:
@@ -101,21 +99,23 @@ class EtcdStore:
         done = {"token": lease.token, "result": codec.dumps(result), "finished_at": time.time()}
         record = json.dumps(done)
         codec.check_size(record, self.max_value_bytes, "the result")  # refused before anything is sent
-        ops = [*self._free(lease.key), etcd.put(self._k("done", lease.key), record)]
-        answer = self._fenced(lease, [], [*ops, self._event(lease, "complete")])
+        ops = [*self.space.free(lease.key), etcd.put(self.space.k("done", lease.key), record)]
+        answer = self._fenced(lease, [], [*ops, self.space.event(lease, "complete")])
         self.etcd_leases.untrack(lease)
         if not answer.succeeded:
             self._stale(lease, "complete", answer)
 
     def release(self, lease: Lease) -> None:
         check_lease(lease)
-        self._fenced(lease, [], [*self._free(lease.key), self._event(lease, "release")])  # stale: nothing
+        space = self.space
+        self._fenced(lease, [], [*space.free(lease.key), space.event(lease, "release")])  # stale: nothing
         self.etcd_leases.untrack(lease)
 
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
         check_lease(lease)
-        step = self._k("steps", lease.key) + "/" + quote(check_step_name(name), safe="")
-        ops = [etcd.put(step, codec.dumps(value, self.max_value_bytes)), self._event(lease, "step", name)]
+        step = self.space.k("steps", lease.key) + "/" + quote(check_step_name(name), safe="")
+        value_text = codec.dumps(value, self.max_value_bytes)
+        ops = [etcd.put(step, value_text), self.space.event(lease, "step", name)]
         answer = self._fenced(lease, [etcd.created(step, 0)], ops)
         if not answer.succeeded and not self._holds(answer.first(2), lease):
             self._stale(lease, f"step {name}", answer)
@@ -123,46 +123,49 @@ class EtcdStore:
             raise InvalidArgument(f"step {name!r} of key {lease.key!r} is already committed")
 
     def steps(self, key: str) -> dict[str, Any]:
-        found = self._read([etcd.get(self._k("steps", validate_key(key)) + "/", prefix=True)]).kvs(1)
+        steps = self.space.k("steps", validate_key(key)) + "/"
+        found = self.space.read([etcd.get(steps, prefix=True)]).kvs(1)
         return {unquote(kv.key.rsplit("/", 1)[1]): codec.loads(kv.value) for kv in sorted(found, key=_order)}
 
     def refuse(self, lease: Lease, what: str) -> None:
-        self._log([self._event(check_lease(lease), "refused", check_text(what, "what was refused"))])
+        what = check_text(what, "what was refused")
+        self.space.log([self.space.event(check_lease(lease), "refused", what)])
 
     def get(self, key: str) -> LeaseState | None:
-        states = records.states(self, [etcd.get(self._k(kind, validate_key(key))) for kind in _KINDS])
+        ranges = [etcd.get(self.space.k(kind, validate_key(key))) for kind in KINDS]
+        states = records.states(self.space, ranges)
         return states[0] if states else None
 
     def leases(self) -> list[LeaseState]:
-        return records.states(self, [etcd.get(self._k(kind), prefix=True) for kind in _KINDS])
+        return records.states(self.space, [etcd.get(self.space.k(kind), prefix=True) for kind in KINDS])
 
     def history(self, key: str | None = None) -> list[HistoryEvent]:
-        return records.history(self, None if key is None else validate_key(key))
+        return records.history(self.space, None if key is None else validate_key(key))
 
     def force_release(self, key: str) -> int:
         validate_key(key)
-        return self._retry(f"force_release({key!r})", lambda: admin.force_release(self, key))
+        return self._retry(f"force_release({key!r})", lambda: admin.force_release(self.space, key))
 
     def prune(self, older_than: float) -> int:
-        return records.prune(self, older_than)
+        return records.prune(self.space, older_than)
 
     def advance(self, gap: int) -> int:
         """Raise the token offset by ``gap``: tokens are revisions plus an offset (etcd 3.4 cannot bump its
         revision), and every ``Txn`` compares the offset key, so none issues or checks a token with a stale
         one. Returns the floor: at least ``gap`` above every token issued before, below every later one."""
         check_gap(gap)
-        return self._retry(f"advance({gap})", lambda: admin.advance(self, gap))
+        return self._retry(f"advance({gap})", lambda: admin.advance(self.space, gap))
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
-        return records.abandoned(self, grace, limit)
+        return records.abandoned(self.space, grace, limit)
 
     def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
-        return records.recover(self, seen, max_recoveries, reason)
+        return records.recover(self.space, seen, max_recoveries, reason)
 
     def strand(self, key: str, run: Mapping[str, Any] | None, reason: str) -> bool:
         args = validate_key(key), check_text(reason, "a give-up reason")
         run_text = codec.dumps_mapping(run, self.max_value_bytes // 2)  # as acquire keeps it
-        return self._retry(f"strand({key!r})", lambda: records.strand(self, *args, run_text))
+        return self._retry(f"strand({key!r})", lambda: records.strand(self.space, *args, run_text))
 
     def close(self) -> None:
         """Close this process's idle HTTP connections; the etcd leases run out by their ttl. Idempotent."""
@@ -170,14 +173,14 @@ class EtcdStore:
 
     def _acquire(self, key: str, owner: str, ttl: float, state: str) -> Lease | None:
         seconds = lease_seconds(ttl)
-        epochs, lease_id = self._epochs, self.etcd_leases.lease_for(seconds)
-        k = {kind: self._k(kind, key) for kind in _KINDS}
-        events = [self._event(Lease(key, 0, owner), name) for name in ("acquire", "takeover")]
-        compare = [etcd.created(k["lock"], 0), etcd.created(k["done"], 0), self._offset_is(epochs)]
+        epochs, lease_id = self.space.epochs, self.etcd_leases.lease_for(seconds)
+        k = {kind: self.space.k(kind, key) for kind in KINDS}
+        events = [self.space.event(Lease(key, 0, owner), name) for name in ("acquire", "takeover")]
+        compare = [etcd.created(k["lock"], 0), etcd.created(k["done"], 0), self.space.offset_is(epochs)]
         log = etcd.nested([etcd.created(k["held"], 0)], events[:1], events[1:])  # acquire, else takeover
         puts = [etcd.put(k["held"], ""), etcd.put(k["state"], state), etcd.put(k["lock"], owner, lease_id)]
         puts.append(etcd.delete(k["dead"]))  # a fresh delivery may run a dead key
-        failure, sent = [etcd.get(self._offset_key), *map(etcd.get, k.values())], time.monotonic()
+        failure, sent = [etcd.get(self.space.offset_key), *map(etcd.get, k.values())], time.monotonic()
         unsure = Lease(key, 0, owner)  # token 0: if the answer is lost, a lock of this owner may exist
         self.etcd_leases.track(unsure, ttl, sent)
         try:
@@ -191,7 +194,7 @@ class EtcdStore:
             taken_over = not result.responses[0].get("response_txn", {}).get("succeeded", False)
             lease: Lease | None = Lease(key, epochs.token(result.revision), owner, taken_over=taken_over)
         else:
-            lease = None if self._moved(result, epochs) else self._busy(key, owner, result)
+            lease = None if self.space.moved(result, epochs) else self._busy(key, owner, result)
         if lease is not None:
             self.etcd_leases.track(lease, ttl, sent)
         return lease
@@ -201,10 +204,10 @@ class EtcdStore:
         state, lock, _, done = (failed.first(i + 1) for i in range(4))
         if done is not None:
             finished = json.loads(done.value)
-            token = finished["token"] if state is None else self._epochs.token(state.mod)
+            token = finished["token"] if state is None else self.space.epochs.token(state.mod)
             raise AlreadyDone(key, token, codec.loads(finished["result"]))
         if lock is not None and lock.value == owner:  # our own acquire committed; its reply was lost
-            return Lease(key, self._epochs.token(lock.create), owner)
+            return Lease(key, self.space.epochs.token(lock.create), owner)
         if lock is None:  # not after a Txn that failed in one revision; try again
             return None
         left = self.gw.time_to_live(lock.lease)  # -1: expired, etcd is still deleting the lock
@@ -212,14 +215,15 @@ class EtcdStore:
 
     def _fenced(self, lease: Lease, compare: list[Op], success: list[Op]) -> TxnResult:
         """Run ``success`` iff the token is current; a failed answer holds the offset, state and lock."""
-        lock = self._k("lock", lease.key)
-        failure = [etcd.get(self._offset_key), etcd.get(self._k("state", lease.key)), etcd.get(lock)]
+        lock = self.space.k("lock", lease.key)
+        state = self.space.k("state", lease.key)
+        failure = [etcd.get(self.space.offset_key), etcd.get(state), etcd.get(lock)]
 
         def attempt() -> TxnResult | None:
-            epochs = self._epochs
-            guard = [etcd.created(lock, epochs.revision(lease.token)), self._offset_is(epochs), *compare]
+            epochs = self.space.epochs
+            guard = [etcd.created(lock, epochs.revision(lease.token)), self.space.offset_is(epochs), *compare]
             result = self.gw.txn(guard, success, failure)
-            return None if not result.succeeded and self._moved(result, epochs) else result
+            return None if not result.succeeded and self.space.moved(result, epochs) else result
 
         return self._retry(f"a write of {lease.key!r}", attempt)
 
@@ -227,8 +231,8 @@ class EtcdStore:
         """Delete the locks nobody renewed within their ttl, which their shared etcd lease keeps alive (token
         0: an acquire whose answer was lost, known by its owner)."""
         for lease in self.etcd_leases.overdue():
-            lock = self._k("lock", lease.key)
-            token = etcd.created(lock, self._epochs.revision(lease.token))
+            lock = self.space.k("lock", lease.key)
+            token = etcd.created(lock, self.space.epochs.revision(lease.token))
             self.gw.txn([token if lease.token else etcd.holds(lock, lease.owner)], [etcd.delete(lock)])
 
     def _retry(self, what: str, attempt: Callable[[], T | None]) -> T:
@@ -237,61 +241,24 @@ class EtcdStore:
                 return value
         raise StoreUnavailable(f"etcd at {self.gw.base_url} kept changing under {what}; try again")
 
-    def _k(self, kind: str, key: str | None = None) -> str:
-        return f"{self.prefix}{kind}/" if key is None else f"{self.prefix}{kind}/{quote(key, safe='')}"
-
-    def _offset_is(self, epochs: etcd.Epochs) -> Op:
-        return etcd.modified(self._offset_key, epochs.mod)
-
-    def _moved(self, failed: TxnResult, epochs: etcd.Epochs) -> bool:
-        """Whether an advance moved the offset since ``epochs`` was read (the cache is then refreshed)."""
-        self._epochs = etcd.Epochs.load(failed.first(0))
-        return self._epochs.mod != epochs.mod
-
     def _stale(self, lease: Lease, what: str, failed: TxnResult) -> None:
-        self._log([self._event(lease, "refused", what)])
-        current = records.current_token(self._epochs, lock=failed.first(2), state=failed.first(1))
+        self.space.log([self.space.event(lease, "refused", what)])
+        current = records.current_token(self.space.epochs, lock=failed.first(2), state=failed.first(1))
         current = None if current == lease.token else current  # it only expired: nobody holds the key
         raise StaleToken(lease.key, lease.token, current, what, recorded=True)
 
     def _holds(self, lock: KV | None, lease: Lease) -> bool:
-        return lock is not None and lock.create == self._epochs.revision(lease.token)
+        return lock is not None and lock.create == self.space.epochs.revision(lease.token)
 
     def _locks(self, leases: Sequence[Lease]) -> dict[str, KV]:
         keys = sorted({lease.key for lease in leases})
-        if len(keys) < _MAX_OPS:
-            ranges = [etcd.get(self._k("lock", key), keys_only=True) for key in keys]
+        if len(keys) < MAX_OPS:
+            ranges = [etcd.get(self.space.k("lock", key), keys_only=True) for key in keys]
         else:  # one range over every lock of the store beats ceil(n / 127) round trips
-            ranges = [etcd.get(self._k("lock"), prefix=True, keys_only=True)]
-        result, start = self._read(ranges), len(self._k("lock"))
+            ranges = [etcd.get(self.space.k("lock"), prefix=True, keys_only=True)]
+        result, start = self.space.read(ranges), len(self.space.k("lock"))
         return {unquote(kv.key[start:]): kv for i in range(len(ranges)) for kv in result.kvs(i + 1)}
 
-    def _read(self, ranges: list[Op]) -> TxnResult:
-        """One read of ``ranges`` (answers from index 1) with the offset key, which refreshes the cache."""
-        result = self.gw.txn([], [etcd.get(self._offset_key), *ranges])
-        self._epochs = etcd.Epochs.load(result.first(0))
-        return result
-
-    def _records(self, ranges: list[Op]) -> dict[str, dict[str, KV]]:
-        """The records read by ``ranges`` (one per kind, in ``_KINDS`` order), by lease key and kind."""
-        result, by_key = self._read(ranges), dict[str, dict[str, KV]]()
-        for i, kind in enumerate(_KINDS):
-            for kv in result.kvs(i + 1):
-                by_key.setdefault(unquote(kv.key[len(self._k(kind)) :]), {})[kind] = kv
-        return by_key
-
-    def _free(self, key: str) -> list[Op]:
-        return [etcd.delete(self._k("lock", key)), etcd.delete(self._k("held", key))]
-
-    def _event(self, lease: Lease, event: str, detail: str | None = None, literal: bool = False) -> Op:
-        """A history put. Token 0: its Txn's revision (acquire, takeover) unless literal; owner "": none."""
-        token, owner = lease.token if literal else lease.token or None, lease.owner or None
-        value = dict(key=lease.key, event=event, token=token, owner=owner, detail=detail, at=time.time())
-        return etcd.put(f"{self._k('history', lease.key)}/{uuid.uuid4().hex}", json.dumps(value))
-
-    def _log(self, events: list[Op]) -> None:
-        for start in range(0, len(events), _MAX_OPS):
-            self.gw.txn([], events[start : start + _MAX_OPS])
 
 
 def _order(kv: KV) -> tuple[int, str]:
