@@ -252,7 +252,11 @@ def recover(ctx: click.Context, grace: float | None) -> None:
 
 
 def _add_worker_options() -> None:
-    """Give ``celery worker`` its ``--fence-recover`` and ``--fence-metrics-*`` options (a CLI plugin)."""
+    """Give ``celery worker`` its ``--fence-recover`` and ``--fence-metrics-*`` options.
+
+    Done when the ``celery`` program loads this module as a ``celery.commands`` plugin, the one moment
+    before it parses ``celery worker``'s arguments that is ours: ``app.user_options["worker"]`` would need
+    the app, and a ``FencedTask`` is bound to its app only when the app is finalized, after parsing."""
     from celery.bin.worker import worker
 
     names = {param.name for param in worker.params}
