@@ -14,6 +14,8 @@ from datetime import date
 from pathlib import Path
 
 COLUMNS = ("runs", "takeovers", "refused", "duplicates_absorbed", "lost", "violations")
+# Counted by the failover cases only (a Redis Cluster failover): shown when a row of the table has them
+EXTRA = ("tokens_lost", "reissued", "completions_lost", "ran_again", "forgotten")
 HEADER = """# Reliability: the fault soak
 
 Every row is one fault on one lease store, on real `celery worker` processes (prefork, Redis broker,
@@ -28,22 +30,24 @@ releases that lease at once (`FencedRequest`): the next run acquires it without 
 
 
 def main(source: str, target: str, section: str = "") -> None:
-    rows: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: dict.fromkeys(COLUMNS, 0))
-    for line in Path(source).read_text().splitlines():
+    rows: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: dict.fromkeys(COLUMNS + EXTRA, 0))
+    tallies = Path(source).read_text().splitlines()
+    columns = COLUMNS + tuple(c for c in EXTRA if any(c in json.loads(line) for line in tallies))
+    for line in tallies:
         tally = json.loads(line)
         row = rows[(tally["store"], tally["fault"])]
-        for column in COLUMNS:
-            row[column] += tally[column]
+        for column in columns:
+            row[column] += tally.get(column, 0)
     runs = {row["runs"] for row in rows.values()}
     lines = [f"Run on {date.today()} at commit {_commit()}, {platform.node()} ({platform.machine()}, Python "
              f"{platform.python_version()}), {min(runs)}-{max(runs)} faulted runs per row, "
              f"{os.environ.get('FENCE_SOAK_BATCH', '10')} at once.\n",
-             "| store | fault | " + " | ".join(c.replace("_", " ") for c in COLUMNS) + " |",
-             "|---|---|" + "---:|" * len(COLUMNS)]
+             "| store | fault | " + " | ".join(c.replace("_", " ") for c in columns) + " |",
+             "|---|---|" + "---:|" * len(columns)]
     for (store, fault), row in sorted(rows.items()):
-        lines.append(f"| {store} | {fault} | " + " | ".join(str(row[c]) for c in COLUMNS) + " |")
-    totals = {c: sum(row[c] for row in rows.values()) for c in COLUMNS}
-    lines.append("| **all** | | " + " | ".join(f"**{totals[c]}**" for c in COLUMNS) + " |")
+        lines.append(f"| {store} | {fault} | " + " | ".join(str(row[c]) for c in columns) + " |")
+    totals = {c: sum(row[c] for row in rows.values()) for c in columns}
+    lines.append("| **all** | | " + " | ".join(f"**{totals[c]}**" for c in columns) + " |")
     _write_between_markers(Path(target), "\n".join(lines), f"soak-{section}" if section else "soak")
     print("\n".join(lines[-len(rows) - 3 :]))
 

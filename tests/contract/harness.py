@@ -47,6 +47,9 @@ class Harness:
         True  # renew/complete of an expired, untaken lease still succeeds
     )
     multiprocess: bool = True  # other processes can open the same store by its url
+    # The keys whose tokens one counter orders: the whole store (DESIGN §1: globally monotonic), or on a
+    # Redis Cluster the keys of one slot (monotonic and unique per slot, hence per key)
+    token_scope: Callable[[str], object] = lambda key: None
 
 
 def _memory(request: pytest.FixtureRequest) -> Iterator[Any]:
@@ -109,7 +112,7 @@ HARNESSES: dict[str, Harness] = {
 
 # Other stores bring their harness in a module of their own: tests/contract/harness_<store>.py defining
 # HARNESS (a Harness); a module that is not there yet simply adds nothing.
-for _name in ("redis", "etcd"):
+for _name in ("redis", "etcd", "redis_cluster"):
     try:
         _module = importlib.import_module(f"{__package__}.harness_{_name}")
     except ModuleNotFoundError as _exc:

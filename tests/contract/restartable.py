@@ -45,6 +45,16 @@ def restartable_store(name: str, request: pytest.FixtureRequest) -> Iterator[tup
             store.close()
             server.stop()
             shutil.rmtree(directory, ignore_errors=True)
+    elif name == "redis_cluster":  # 3 primaries and a replica each: a failover case promotes one
+        from .harness_redis_cluster import RedisClusterServers
+
+        servers = RedisClusterServers(replicas=1).start()
+        store = open_store(servers.url("t:"))
+        try:
+            yield store, servers
+        finally:
+            store.close()
+            servers.stop()
     elif name == "etcd":
         opened = harness_etcd.open_etcd_store(request)
         try:
