@@ -39,7 +39,7 @@ from tests.integration.conftest import Cluster
 from tests.integration.workers import wait_for
 
 from .checks import REPORT, RUNS, done, settle_and_check
-from .test_faults import _batches, _send, every_store
+from .test_faults import BATCH, _batches, _send, every_store
 from .test_store_faults import _all_started
 
 pytestmark = pytest.mark.chaos
@@ -109,7 +109,8 @@ def _rejoin(servers: RedisClusterServers, node: RedisServer) -> None:
 @pytest.mark.parametrize("cluster", every_store("redis_cluster", restartable="1"), indirect=True)
 def test_a_primary_killed_and_its_replica_promoted_mid_run(cluster: Cluster, remedy: str) -> None:
     servers, store = cluster.server, cluster.store
-    worker = cluster.worker("a", concurrency=10, extra=("--fence-recover", "--fence-recover-interval", "1"))
+    recovery = ("--fence-recover", "--fence-recover-interval", "1")
+    worker = cluster.worker("a", concurrency=BATCH, extra=recovery)
     keys: list[str] = []
     counts = {"tokens_lost": 0, "reissued": 0, "completions_lost": 0, "ran_again": 0, "advance_seconds": 0.0}
     forgotten: set[str] = set()
