@@ -33,7 +33,7 @@ from celery_fence.verify import verify_store
 from .harness import Harness
 from .inprocess import memory_app, running_worker
 
-STORES = ("memory", "sqlite", "postgresql", "redis")
+STORES = ("memory", "sqlite", "postgresql", "redis", "redis_cluster")
 EFFECTS = "fence_test_effects"
 
 

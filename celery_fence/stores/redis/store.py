@@ -58,7 +58,7 @@ _OPTIONS = dict(decode_responses=True, health_check_interval=0, driver_info=None
 
 
 class RedisStore:
-    """Lease store on one Redis primary; see :class:`celery_fence.stores.base.Store`."""
+    """Lease store on one Redis primary or a Redis Cluster; see :class:`celery_fence.stores.base.Store`."""
 
     max_value_bytes = codec.MAX_VALUE_BYTES  # far below a Redis string's 512 MB
     capabilities = Capabilities(name="Redis", default_port=6379)
