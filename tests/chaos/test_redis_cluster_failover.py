@@ -4,10 +4,11 @@
 Redis replicates asynchronously: a write the primary acknowledged but had not sent to its replica is gone
 once the replica is promoted, a token included, so the slot's counter goes back and its next acquires hand
 out those tokens again. On loopback the window is a fraction of a millisecond, so the test widens it on
-purpose and every time: the replica is stopped (SIGSTOP) and its link to the primary cut, runs acquire on
-the primary meanwhile (acknowledged, never replicated), the workers are stopped, the primary is killed, the
-replica resumed and promoted. Then, with ``remedy="advance"``, ``celery fence advance`` runs before the
-workers resume (the procedure of docs/operating.md); with ``remedy="none"`` they resume at once.
+purpose and every time: the replica is stopped (SIGSTOP) and its link to the primary cut, runs of keys the
+primary serves acquire on it meanwhile (acknowledged, never replicated), the workers are stopped, the
+primary is killed, the replica resumed and promoted. Then, with ``remedy="advance"``, ``celery fence
+advance`` runs before the workers resume (the procedure of docs/operating.md); with ``remedy="none"`` they
+resume at once.
 
 Counted per batch, from the servers themselves: ``tokens_lost`` (the slot counters' drop, primary just before
 the kill against the promoted replica), ``reissued`` (acquires after the failover whose token falls in a lost
@@ -24,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from celery_fence.stores.redis.cluster import slot_tag
 from tests.contract.harness_redis import RedisServer
 from tests.contract.harness_redis_cluster import RedisClusterServers
 from tests.integration.conftest import Cluster
+from tests.integration.fenced_app import chaos
 from tests.integration.workers import wait_for
 
 from .checks import REPORT, RUNS, done, settle_and_check
@@ -55,6 +58,19 @@ def _pair(servers: RedisClusterServers, names: Iterable[str]) -> tuple[RedisServ
         with primary.client() as direct:
             replica_port = int(direct.execute_command("ROLE")[2][0][1])
     return primary, next(n for n in servers.nodes if n.port == replica_port)
+
+
+def _send_to(cluster: Cluster, primary: RedisServer, count: int) -> list[str]:
+    """``count`` runs whose keys (their task ids) the ``primary`` serves, so every one of them bites."""
+    ids: list[str] = []
+    with cluster.server.client() as client:
+        while len(ids) < count:
+            task_id = str(uuid.uuid4())
+            if client.get_node_from_key(cluster.store._k("lease", task_id)).port == primary.port:
+                ids.append(task_id)
+    for task_id in ids:
+        chaos.apply_async((task_id,), {"pause": 1.0}, task_id=task_id, queue=cluster.queue)
+    return ids
 
 
 def _read(node: RedisServer, store: Any, keys: list[str]) -> tuple[dict[str, int], set[str], set[str]]:
@@ -123,7 +139,7 @@ def test_a_primary_killed_and_its_replica_promoted_mid_run(cluster: Cluster, rem
         os.kill(replica.process.pid, signal.SIGSTOP)  # the replica falls behind...
         with primary.client() as client:
             client.execute_command("CLIENT", "KILL", "TYPE", "replica")
-        late = _send(cluster.queue, size, pause=1.0)  # ...while these acquire, acknowledged, on the primary
+        late = _send_to(cluster, primary, size)  # ...while these acquire, acknowledged, on the primary
         wait_for(lambda late=late: _all_started(cluster, late), 60, "the late runs to start")
         os.killpg(os.getpgid(worker.proc.pid), signal.SIGSTOP)
         batch = early + late

@@ -66,7 +66,18 @@ class RedisClusterServers:
             self.stop()
             pytest.fail(f"redis-cli --cluster create failed:\n{formed.stdout}\n{formed.stderr}")
         self.wait_ok()
+        deadline = time.monotonic() + 30
+        while not all(len(self._replicas_of(node)) >= self.replicas for node in self.primary_nodes()):
+            if time.monotonic() > deadline:
+                pytest.fail("the Redis Cluster's replicas did not connect")
+            time.sleep(0.05)
         return self
+
+    @staticmethod
+    def _replicas_of(node: RedisServer) -> list[Any]:
+        """The replicas connected to ``node`` now (``ROLE`` of a primary)."""
+        with node.client() as client:
+            return list(client.execute_command("ROLE")[2])
 
     def wait_ok(self, timeout: float = 30) -> None:
         """Until every running node says the cluster is ok and every slot has a primary."""
