@@ -15,7 +15,7 @@ from pathlib import Path
 
 COLUMNS = ("runs", "takeovers", "refused", "duplicates_absorbed", "lost", "violations")
 # Counted by the failover cases only (a Redis Cluster failover): shown when a row of the table has them
-EXTRA = ("tokens_lost", "reissued", "completions_lost", "ran_again", "forgotten")
+EXTRA = ("tokens_lost", "reissued", "completions_lost", "ran_again", "forgotten", "rewound")
 HEADER = """# Reliability: the fault soak
 
 Every row is one fault on one lease store, on real `celery worker` processes (prefork, Redis broker,
