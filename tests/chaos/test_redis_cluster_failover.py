@@ -62,16 +62,15 @@ def _pair(servers: RedisClusterServers, names: Iterable[str]) -> tuple[RedisServ
     return primary, next(n for n in servers.nodes if n.port == replica_port)
 
 
-def _send_to(cluster: Cluster, primary: RedisServer, count: int) -> list[str]:
-    """``count`` runs whose keys (their task ids) the ``primary`` serves, so every one of them bites."""
+def _ids_on(cluster: Cluster, primary: RedisServer, count: int) -> list[str]:
+    """``count`` task ids (the runs' keys) that the ``primary`` serves, so every run of them bites; found
+    while every node answers (the cluster client asks the first node it knows)."""
     ids: list[str] = []
     with cluster.server.client() as client:
         while len(ids) < count:
             task_id = str(uuid.uuid4())
             if client.get_node_from_key(cluster.store._k("lease", task_id)).port == primary.port:
                 ids.append(task_id)
-    for task_id in ids:
-        chaos.apply_async((task_id,), {"pause": 1.0}, task_id=task_id, queue=cluster.queue)
     return ids
 
 
@@ -138,10 +137,12 @@ def test_a_primary_killed_and_its_replica_promoted_mid_run(cluster: Cluster, rem
         early = _send(cluster.queue, size, pause=1.0)
         wait_for(lambda early=early: _all_started(cluster, early), 60, "the runs to start")
         primary, replica = _pair(servers, [store._k("lease", k) for k in early])
+        late = _ids_on(cluster, primary, size)
         os.kill(replica.process.pid, signal.SIGSTOP)  # the replica falls behind...
         with primary.client() as client:
             client.execute_command("CLIENT", "KILL", "TYPE", "replica")
-        late = _send_to(cluster, primary, size)  # ...while these acquire, acknowledged, on the primary
+        for task_id in late:  # ...while these acquire, acknowledged, on the primary
+            chaos.apply_async((task_id,), {"pause": 1.0}, task_id=task_id, queue=cluster.queue)
         wait_for(lambda late=late: _all_started(cluster, late), 60, "the late runs to start")
         os.killpg(os.getpgid(worker.proc.pid), signal.SIGSTOP)
         batch = early + late
