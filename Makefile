@@ -6,7 +6,7 @@ PYTEST = $(PY) -m pytest
 ARGS ?=
 LINT_PATHS = $(wildcard celery_fence tests example_app benchmarks)
 
-.PHONY: venv test pkg unit contract contract-pg-ha contract-etcd-cluster integration chaos soak lint type check demo bench compare flower-screenshot clean
+.PHONY: venv test pkg unit contract contract-pg-ha contract-etcd-cluster contract-cluster integration chaos soak lint type check demo bench compare flower-screenshot clean
 
 venv: $(VENV)/.installed
 
@@ -19,7 +19,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 # Everything but the soaks and the contract suite on a 3-member etcd, then the packaging check; CI runs
 # this. The chaos tests size themselves by FENCE_SOAK_RUNS.
 test: venv
-	$(PYTEST) -m "not soak and not etcd_cluster" $(ARGS)
+	$(PYTEST) -m "not soak and not etcd_cluster and not cluster_full" $(ARGS)
 	$(MAKE) pkg
 
 # Build the sdist and wheel (a setuptools warning about a package it would leave out fails it), twine
@@ -44,6 +44,10 @@ contract-pg-ha: venv
 # the failover cases of tests/contract/test_etcd_cluster.py).
 contract-etcd-cluster: venv
 	$(PYTEST) tests/contract -m etcd_cluster $(ARGS)
+
+# The whole contract suite on a private Redis Cluster (make test runs its representative part)
+contract-cluster: venv
+	$(PYTEST) tests/contract -m cluster_full -k redis_cluster $(ARGS)
 
 integration: venv
 	$(PYTEST) tests/integration -m "not soak" $(ARGS)

@@ -24,7 +24,7 @@ from .stores import Store, capabilities_for
 from .stores.base import AdminStore, AuditStore, RecoveryStore, lacking
 from .stores.urls import mask_url
 from .stores.waits import ADMIN_LOCK_WAIT, lock_wait
-from .verify import read_store, verify
+from .verify import read_store, token_scope, verify
 from .worker.bootstep import WORKER_OPTIONS
 
 __all__ = ["fence"]
@@ -180,7 +180,7 @@ def verify_command(ctx: click.Context, key: str | None) -> None:
     """Check the history for fencing violations; exit code 1 if any."""
     with _store(ctx, needs=(AuditStore, AdminStore)) as store:
         events, steps = read_store(store, key)
-    violations = verify(events, steps)
+    violations = verify(events, steps, scope=token_scope(store))
     for v in violations:
         at = "" if v.event is None else f"  [{fmt.iso(v.event.at)}]"
         click.echo(f"{v.key}  {v.rule}: {v.detail}{at}")

@@ -4,7 +4,8 @@
 ``store.history()`` returns) and names every violation it finds. Rules:
 
 ``token-not-increasing``  an acquire, takeover or admin release issued a token not above the key's max
-``token-reused``          a token was issued twice (tokens are unique per store, across keys)
+``token-reused``          a token was issued twice (tokens are unique per store, across keys; on a store
+                          with a ``token_scope(key)``, a Redis Cluster, unique within each scope, its slot)
 ``stale-write``           a write, step, complete or release accepted with a token other than the key's latest
                           issued one (or with an admin release's token, which no run holds)
 ``double-complete``       a second complete of one key
@@ -30,7 +31,7 @@ A later prune drops old markers, so a key acquired long after its prune is no lo
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,17 +79,20 @@ class _Key:
 
 
 def verify(
-    events: Iterable[HistoryEvent], steps: Mapping[str, Mapping[str, Any]] | None = None
+    events: Iterable[HistoryEvent],
+    steps: Mapping[str, Mapping[str, Any]] | None = None,
+    scope: Callable[[str], object] | None = None,
 ) -> list[Violation]:
-    """Every violation in ``events`` (store order); ``steps`` maps a key to its committed steps."""
+    """Every violation in ``events`` (store order); ``steps`` maps a key to its committed steps; ``scope``
+    (a store's ``token_scope``) names the keys whose tokens one counter issues (default: every key)."""
     keys: dict[str, _Key] = {}
-    issued: dict[int, HistoryEvent] = {}
+    issued: dict[tuple[object, int], HistoryEvent] = {}
     logged: set[tuple[str, str]] = set()
     found: list[Violation] = []
     for event in events:
         state = keys.setdefault(event.key, _Key())
         if event.event in ISSUING:
-            found += _issue(state, event, issued)
+            found += _issue(state, event, issued, None if scope is None else scope(event.key))
         elif event.event == "pruned":
             state.completed, state.steps, state.held, state.pruned = None, set(), False, event
             state.written = None
@@ -103,12 +107,14 @@ def verify(
     ]
 
 
-def _issue(state: _Key, event: HistoryEvent, issued: dict[int, HistoryEvent]) -> list[Violation]:
+def _issue(
+    state: _Key, event: HistoryEvent, issued: dict[tuple[object, int], HistoryEvent], scope: object
+) -> list[Violation]:
     found = []
     if event.token <= state.highest:
         detail = f"{event.event} issued token {event.token}, not above token {state.highest}"
         found.append(Violation(event.key, "token-not-increasing", detail, event))
-    first = issued.setdefault(event.token, event)
+    first = issued.setdefault((scope, event.token), event)
     if first is not event:
         detail = f"token {event.token} was already issued by {first.event} of key {first.key!r}"
         found.append(Violation(event.key, "token-reused", detail, event))
@@ -183,4 +189,10 @@ def read_store(store: Store, key: str | None = None) -> tuple[list[HistoryEvent]
 
 def verify_store(store: Store, key: str | None = None) -> list[Violation]:
     """:func:`verify` over a store's history (of ``key``, or of every key) and committed steps."""
-    return verify(*read_store(store, key))
+    return verify(*read_store(store, key), scope=token_scope(store))
+
+
+def token_scope(store: Any) -> Callable[[str], object] | None:
+    """The store's ``token_scope`` (the keys one token counter serves), if it has one: a Redis Cluster."""
+    scope: Callable[[str], object] | None = getattr(store, "token_scope", None)
+    return scope

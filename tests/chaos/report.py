@@ -14,8 +14,9 @@ from datetime import date
 from pathlib import Path
 
 COLUMNS = ("runs", "takeovers", "refused", "duplicates_absorbed", "lost", "violations")
-# A failover's own counts (test_pg_failover): columns of a table only when one of its tallies has them.
-FAILOVER = ("completions_lost", "redone", "tokens_reused", "ledger_wrong")
+# A failover's own counts (PostgreSQL, Redis Cluster): columns only when one of the tallies has them.
+EXTRA = ("tokens_lost", "reissued", "completions_lost", "ran_again", "forgotten", "rewound", "redone",
+         "tokens_reused", "ledger_wrong")  # fmt: skip
 HEADER = """# Reliability: the fault soak
 
 Every row is one fault on one lease store, on real `celery worker` processes (prefork, Redis broker,
@@ -31,7 +32,7 @@ releases that lease at once (`FencedRequest`): the next run acquires it without 
 
 def main(source: str, target: str, section: str = "") -> None:
     tallies = [json.loads(line) for line in Path(source).read_text().splitlines()]
-    columns = COLUMNS + tuple(c for c in FAILOVER if any(c in tally for tally in tallies))
+    columns = COLUMNS + tuple(c for c in EXTRA if any(c in tally for tally in tallies))
     rows: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: dict.fromkeys(columns, 0))
     for tally in tallies:
         row = rows[(tally["store"], tally["fault"])]

@@ -20,6 +20,31 @@ def audits(store: Any) -> bool:
     return not lacking(store, AuditStore)
 
 
+def in_scopes(harness: Any, issued: list[tuple[str, int]]) -> dict[object, list[int]]:
+    """Tokens ``(key, token)`` in the order issued, by the scope one counter orders (``token_scope``: the
+    whole store, or a Redis Cluster slot): within each, tokens strictly increase."""
+    scopes: dict[object, list[int]] = {}
+    for key, token in issued:
+        scopes.setdefault(harness.token_scope(key), []).append(token)
+    return scopes
+
+
+def keys_in_one_scope(harness: Any, base: str, count: int, like: str | None = None) -> list[str]:
+    """``count`` keys named ``base<n>`` whose tokens one counter orders (the scope of ``like``, or of the
+    first): on a one-counter store simply ``base0``, ``base1``, ..."""
+    names = (f"{base}{n}" for n in range(10**7))
+    scope = harness.token_scope(like) if like is not None else None
+    found: list[str] = []
+    for name in names:
+        if like is None and not found:
+            scope = harness.token_scope(name)
+        if harness.token_scope(name) == scope:
+            found.append(name)
+            if len(found) == count:
+                return found
+    raise AssertionError(f"no {count} keys in one scope")
+
+
 def dump(store: Any) -> Any:
     """Everything a store holds, except the seconds left on live leases (time passes while we look)."""
     states = [

@@ -8,6 +8,17 @@ import pytest
 from .checks import seed
 from .harness import HARNESSES, Harness, harness_params
 
+# On the Redis Cluster, make test runs these modules; the rest of the suite there is marked cluster_full
+# (make contract-cluster): each cluster test costs more (SCANs of every primary, 16,384-slot advances).
+CLUSTER_REPRESENTATIVE = {"test_store_contract.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("harness") == "redis_cluster" and item.path.name not in CLUSTER_REPRESENTATIVE:
+            item.add_marker(pytest.mark.cluster_full)
+
 
 @pytest.fixture(params=harness_params())
 def harness(request: pytest.FixtureRequest) -> Harness:

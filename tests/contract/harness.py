@@ -49,6 +49,9 @@ class Harness:
     )
     multiprocess: bool = True  # other processes can open the same store by its url
     marks: tuple[Any, ...] = ()  # pytest marks of every test on it (etcd_cluster: deselected by make test)
+    # The keys whose tokens one counter orders: the whole store (DESIGN §1: globally monotonic), or on a
+    # Redis Cluster the keys of one slot (monotonic and unique per slot, hence per key)
+    token_scope: Callable[[str], object] = lambda key: None
 
 
 def _memory(request: pytest.FixtureRequest) -> Iterator[Any]:
@@ -115,7 +118,7 @@ if os.environ.get("FENCE_TEST_PG_HA"):  # a primary and a standby: make contract
 
 # Other stores bring their harness in a module of their own: tests/contract/harness_<store>.py defining
 # HARNESS (a Harness); a module that is not there yet simply adds nothing.
-for _name in ("redis", "etcd", "etcd_cluster"):
+for _name in ("redis", "etcd", "etcd_cluster", "redis_cluster"):
     try:
         _module = importlib.import_module(f"{__package__}.harness_{_name}")
     except ModuleNotFoundError as _exc:

@@ -34,42 +34,87 @@ STANDBY_PAIRS = {"postgresql-sync-standby": True, "postgresql-async-standby": Fa
 @contextlib.contextmanager
 def restartable_store(name: str, request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
     """``(store, server)``: ``server.crash()`` kills it, ``server.start()`` brings it back on its port."""
-    if name == "postgresql":
-        with private_postgres() as server:
-            store = open_store(server.url())
-            try:
-                yield store, server
-            finally:
-                store.close()
-    elif name in STANDBY_PAIRS:
-        with postgres_pair(synchronous=STANDBY_PAIRS[name]) as pair:
-            store = open_store(pair.url())
-            try:
-                yield store, pair
-            finally:
-                store.close()
-    elif name == "redis":
-        directory = Path(tempfile.mkdtemp(prefix="fence-redis-aof-"))
-        server = RedisServer(directory, None, "--appendonly", "yes", "--appendfsync", "always").start()
-        store = open_store(server.url(prefix="t:"))
+    if name in STANDBY_PAIRS:
+        opened = _standby_pair(STANDBY_PAIRS[name])
+    elif name in _SERVERS:
+        opened = _SERVERS[name](request)
+    else:
+        raise ValueError(f"no restartable server for {name!r}: one of {RESTARTABLE} or etcd3")
+    with opened as pair:
+        yield pair
+
+
+@contextlib.contextmanager
+def _postgres(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
+    with private_postgres() as server:
+        store = open_store(server.url())
         try:
             yield store, server
         finally:
             store.close()
-            server.stop()
-            shutil.rmtree(directory, ignore_errors=True)
-    elif name == "etcd":
-        opened = harness_etcd.open_etcd_store(request)
+
+
+@contextlib.contextmanager
+def _standby_pair(synchronous: bool) -> Iterator[tuple[Any, Any]]:
+    with postgres_pair(synchronous=synchronous) as pair:
+        store = open_store(pair.url())
         try:
-            yield next(opened), harness_etcd.shared_server(request)
+            yield store, pair
+        finally:
+            store.close()
+
+
+@contextlib.contextmanager
+def _redis(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
+    directory = Path(tempfile.mkdtemp(prefix="fence-redis-aof-"))
+    server = RedisServer(directory, None, "--appendonly", "yes", "--appendfsync", "always").start()
+    store = open_store(server.url(prefix="t:"))
+    try:
+        yield store, server
+    finally:
+        store.close()
+        server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _redis_cluster(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
+    """3 primaries and a replica each: a failover case promotes one."""
+    from .harness_redis_cluster import RedisClusterServers
+
+    servers = RedisClusterServers(replicas=1).start()
+    store = open_store(servers.url("t:"))
+    try:
+        yield store, servers
+    finally:
+        store.close()
+        servers.stop()
+
+
+@contextlib.contextmanager
+def _etcd(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
+    opened = harness_etcd.open_etcd_store(request)
+    try:
+        yield next(opened), harness_etcd.shared_server(request)
+    finally:
+        opened.close()
+
+
+@contextlib.contextmanager
+def _etcd3(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
+    """A 3-member cluster of its own: the test kills, cuts and restarts members."""
+    with private_cluster(request) as cluster:
+        opened = harness_etcd.open_store_at(cluster.url("fence/"))
+        try:
+            yield next(opened), cluster
         finally:
             opened.close()
-    elif name == "etcd3":  # a 3-member cluster of its own: the test kills, cuts and restarts members
-        with private_cluster(request) as cluster:
-            opened = harness_etcd.open_store_at(cluster.url("fence/"))
-            try:
-                yield next(opened), cluster
-            finally:
-                opened.close()
-    else:
-        raise ValueError(f"no restartable server for {name!r}: one of {RESTARTABLE} or etcd3")
+
+
+_SERVERS = {
+    "postgresql": _postgres,
+    "redis": _redis,
+    "redis_cluster": _redis_cluster,
+    "etcd": _etcd,
+    "etcd3": _etcd3,
+}

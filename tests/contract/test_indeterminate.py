@@ -33,7 +33,7 @@ from celery_fence.worker.bootstep import settle_owed_records
 from .harness import HARNESSES, Harness, harness_params
 from .inprocess import memory_app, running_worker
 
-STORES = ("memory", "sqlite", "postgresql", "redis", "etcd_cluster")  # etcd_cluster: marked, not make test
+STORES = ("memory", "sqlite", "postgresql", "redis", "redis_cluster", "etcd_cluster")  # etcd_cluster: marked
 EFFECTS = "fence_test_effects"
 
 

@@ -4,6 +4,7 @@ and a forged token that can never wedge a store."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 
 from celery_fence import FenceError, InvalidArgument, Lease, StaleToken, StoreUnavailable, open_store
 
-from .checks import MAX_TOKEN, TTL, dump
+from .checks import MAX_TOKEN, TTL, dump, in_scopes, keys_in_one_scope
 from .racing import in_processes
 
 RACE_SECONDS = 2.0  # how long the acquirers race the advancer (a deadline for the loops, not a sleep)
@@ -28,35 +29,40 @@ def test_an_advance_out_of_the_range_is_refused_and_changes_nothing(store: Any) 
     assert store.acquire("b", "w", TTL).token < first.token + 1000  # the counter did not move
 
 
-def test_large_advances_keep_tokens_exact_and_unique(store: Any) -> None:
-    tokens = [store.acquire("k0", "w", TTL).token]
+def test_large_advances_keep_tokens_exact_and_unique(store: Any, harness: Any) -> None:
+    phases = [[("k0", store.acquire("k0", "w", TTL).token)]]
     for i in range(2):  # two large advances used to turn SQLite's counter into a REAL
         store.advance(2**51)
-        tokens += [store.acquire(f"k{i}-{j}", "w", TTL).token for j in range(3)]
+        phases.append([(f"k{i}-{j}", store.acquire(f"k{i}-{j}", "w", TTL).token) for j in range(3)])
+    tokens = [t for phase in phases for _, t in phase]
     assert all(type(t) is int and 0 < t <= MAX_TOKEN for t in tokens)
-    assert tokens == sorted(set(tokens))
+    for scoped in in_scopes(harness, [pair for phase in phases for pair in phase]).values():
+        assert scoped == sorted(set(scoped))
+    for before, after in itertools.pairwise(phases):  # every token after an advance is above every one before
+        assert max(t for _, t in before) < min(t for _, t in after)
     assert tokens[-1] > 2**52
     for state in store.leases():
         assert type(state.token) is int and state.token in tokens
 
 
-def test_the_top_of_the_range_is_refused_for_good_never_crossed(store: Any) -> None:
+def test_the_top_of_the_range_is_refused_for_good_never_crossed(store: Any, harness: Any) -> None:
+    *tops, after = keys_in_one_scope(harness, "top", 9, like="k")  # one counter: it runs out for them all
     start = store.acquire("k", "w", TTL).token
     try:
         store.advance(MAX_TOKEN - start - 3)
     except InvalidArgument:  # a store that keeps headroom above its counter (etcd) stops here
         return
     issued = []
-    for i in range(8):
+    for top in tops:
         try:
-            issued.append(store.acquire(f"top{i}", "w", TTL).token)
+            issued.append(store.acquire(top, "w", TTL).token)
         except StoreUnavailable:  # transient: wrong, waiting cannot heal an exhausted range
             raise
         except FenceError:
             break
     assert issued and issued == sorted(set(issued)) and issued[-1] <= MAX_TOKEN
     with pytest.raises(FenceError) as info:
-        store.acquire("after", "w", TTL)
+        store.acquire(after, "w", TTL)
     assert not isinstance(info.value, StoreUnavailable)
 
 
@@ -65,7 +71,10 @@ FORGED = [Lease("k", MAX_TOKEN, "a"), Lease("k", MAX_TOKEN - 7, "forger"), Lease
 
 @pytest.mark.parametrize("call", ["renew", "complete", "release", "save_step", "refuse"])
 @pytest.mark.parametrize("forged", FORGED, ids=["top", "near-top", "unknown-key"])
-def test_a_forged_token_is_refused_and_never_moves_the_counter(store: Any, call: str, forged: Lease) -> None:
+def test_a_forged_token_is_refused_and_never_moves_the_counter(
+    store: Any, call: str, forged: Lease, harness: Any
+) -> None:
+    [other] = keys_in_one_scope(harness, "other", 1, like="k")  # its token comes from k's counter
     real = store.acquire("k", "a", TTL)
     calls = {
         "renew": lambda: store.renew([forged], TTL) == [forged],
@@ -78,7 +87,7 @@ def test_a_forged_token_is_refused_and_never_moves_the_counter(store: Any, call:
         assert calls[call]() in (True, None)
     state = store.get("k")
     assert (state.token, state.done, store.steps("k")) == (real.token, False, {})
-    after = store.acquire("other", "b", TTL)  # every later acquire still works, with a token of the
+    after = store.acquire(other, "b", TTL)  # every later acquire still works, with a token of the
     assert real.token < after.token < real.token + 1000  # counter, not one above the forged token
     assert store.renew([real], TTL) == []
     store.complete(real, "real")
@@ -88,12 +97,12 @@ def test_a_forged_token_is_refused_and_never_moves_the_counter(store: Any, call:
 # -- advance racing acquires: several processes (threads on a store private to one process) --
 
 
-def _acquire_until(store: Any, prefix: str, deadline: float) -> list[int]:
+def _acquire_until(store: Any, prefix: str, deadline: float) -> list[tuple[str, int]]:
     tokens, i = [], 0
     while time.monotonic() < deadline:
         i += 1
         try:
-            tokens.append(store.acquire(f"{prefix}{i}", "w", TTL).token)
+            tokens.append((f"{prefix}{i}", store.acquire(f"{prefix}{i}", "w", TTL).token))
         except StoreUnavailable:  # etcd: an advance spoiled every attempt; nothing was written
             continue
     return tokens
@@ -109,7 +118,7 @@ def _advance_until(store: Any, deadline: float) -> list[int]:
     return floors
 
 
-def _run(store: Any, role: str, deadline: float) -> list[int]:
+def _run(store: Any, role: str, deadline: float) -> list[Any]:
     return _advance_until(store, deadline) if role == "advance" else _acquire_until(store, role, deadline)
 
 
@@ -121,8 +130,8 @@ def _in_process(url: str, role: str, deadline: float, out: Any) -> None:
         store.close()
 
 
-def _race_threads(store: Any, roles: list[str], deadline: float) -> list[tuple[str, list[int]]]:
-    reports: list[tuple[str, list[int]]] = []
+def _race_threads(store: Any, roles: list[str], deadline: float) -> list[tuple[str, list[Any]]]:
+    reports: list[tuple[str, list[Any]]] = []
 
     def run(role: str) -> None:
         reports.append((role, _run(store, role, deadline)))
@@ -143,8 +152,9 @@ def test_advance_never_moves_back_under_concurrent_acquires(store: Any, harness:
         reports = in_processes(_in_process, [(store.url, role, deadline) for role in roles])
     else:
         reports = _race_threads(store, roles, deadline)
-    acquired = [t for role, tokens in reports if role != "advance" for t in tokens]
+    acquired = [(key, t) for role, tokens in reports if role != "advance" for key, t in tokens]
     assert acquired, "no acquire ran"
-    assert len(acquired) == len(set(acquired)), "a token was issued twice"
-    every = {state.token for state in store.leases()}
-    assert len(every) == len(store.leases())
+    for tokens in in_scopes(harness, acquired).values():  # the store's one counter, or a cluster slot's
+        assert len(tokens) == len(set(tokens)), "a token was issued twice"
+    held = in_scopes(harness, [(state.key, state.token) for state in store.leases()])
+    assert all(len(set(tokens)) == len(tokens) for tokens in held.values())

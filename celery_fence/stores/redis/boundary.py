@@ -9,28 +9,51 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.connection import URL_QUERY_ARGUMENT_PARSERS
-from redis.exceptions import NoPermissionError
+from redis.exceptions import ClusterError, NoPermissionError, RedisClusterException, TryAgainError
 
 from ... import errors
 from ..urls import mask_url
 from ..validation import out_of_tokens
 
-__all__ = ["split_url", "translated"]
+__all__ = ["USAGE", "split_url", "translated"]
 
 
-def split_url(url: str) -> tuple[str, str | None]:
+USAGE = "redis[s]://[[user]:password@]host[:port][/db][?prefix=...], or for a Redis Cluster "
+USAGE += "redis[s]://[[user]:password@]host[:port][,host[:port]...][/0]?cluster=true[&prefix=...]"
+_FLAGS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def split_url(url: str) -> tuple[str, str | None, list[tuple[str, int]] | None]:
+    """``(URL for redis-py, key prefix, cluster seed nodes or None for one server)``."""
     try:
         parts = urlsplit(url)
         query, db = parse_qsl(parts.query, keep_blank_values=True), parts.path.strip("/")
-        unknown = {k for k, _ in query} - {*URL_QUERY_ARGUMENT_PARSERS, "prefix"}
+        unknown = {k for k, _ in query} - {*URL_QUERY_ARGUMENT_PARSERS, "prefix", "cluster"}
         if unknown or parts.scheme not in ("redis", "rediss") or not (db.isdigit() or not db):
             raise ValueError(f"unknown parameters {sorted(unknown)}" if unknown else "not Redis")
-        parts.port  # noqa: B018 (raises ValueError for a bad port)
+        flag = dict(query).get("cluster", "false")
+        if flag.lower() not in _FLAGS:
+            raise ValueError(f"cluster={flag!r} is not true or false")
+        nodes = _nodes(parts.netloc) if _FLAGS[flag.lower()] else None
+        if nodes is None:
+            parts.port  # noqa: B018 (raises ValueError for a bad port)
+        elif db not in ("", "0"):
+            raise ValueError(f"a Redis Cluster has only database 0, not {db}")
     except (TypeError, ValueError) as exc:
-        usage = "redis[s]://[[user]:password@]host[:port][/db][?prefix=...]"
-        raise errors.ConfigurationError(f"bad Redis URL {mask_url(url)} ({exc}): use {usage}") from exc
-    rest = urlencode([(name, value) for name, value in query if name != "prefix"])
-    return urlunsplit(parts._replace(query=rest)), dict(query).get("prefix")  # the last one wins
+        raise errors.ConfigurationError(f"bad Redis URL {mask_url(url)} ({exc}): use {USAGE}") from exc
+    rest = urlencode([(name, value) for name, value in query if name not in ("prefix", "cluster")])
+    if nodes is not None:  # redis-py gets the first node in the URL, all of them as startup nodes
+        user, at, hosts = parts.netloc.rpartition("@")
+        parts = parts._replace(netloc=f"{user}{at}{hosts.split(',')[0]}", path="")
+    return urlunsplit(parts._replace(query=rest)), dict(query).get("prefix"), nodes  # the last one wins
+
+
+def _nodes(netloc: str) -> list[tuple[str, int]]:
+    hosts = netloc.rpartition("@")[2].split(",")
+    seeds = [urlsplit(f"//{host}") for host in hosts]
+    if not all(seed.hostname for seed in seeds):
+        raise ValueError("a cluster node without a host")
+    return [(str(seed.hostname), seed.port or 6379) for seed in seeds]
 
 
 @contextmanager
@@ -45,6 +68,11 @@ def translated(url: str) -> Iterator[None]:
         raise errors.ConfigurationError(f"{where} refused the credentials: {exc}") from exc
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         fix = "check that Redis runs and is reachable there, or fix fence_store_url"
+        raise errors.StoreUnavailable(f"{where} unavailable: {exc}; {fix}") from exc
+    except (ClusterError, TryAgainError, RedisClusterException) as exc:
+        # a cluster failing over (CLUSTERDOWN, TRYAGAIN past redis-py's redirects, no node reachable):
+        # like a connection error, the call may have acted (a script whose reply was lost)
+        fix = "the Redis Cluster is failing over or has no primary for the slot; retry once it has"
         raise errors.StoreUnavailable(f"{where} unavailable: {exc}; {fix}") from exc
     except redis.ResponseError as exc:
         raise _response_error(where, exc) from exc

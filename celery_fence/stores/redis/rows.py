@@ -3,6 +3,9 @@ replies (a lease hash's state, the history lines, a refusal)."""
 
 from __future__ import annotations
 
+import functools
+import heapq
+import importlib.resources
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -10,10 +13,18 @@ from typing import Any, TypeVar
 from ... import codec, errors
 from ...lease import HistoryEvent, Lease, LeaseState
 
-__all__ = ["chunks", "history_events", "lease_state", "raise_stale", "to_ms", "who"]
+__all__ = ["chunks", "history_events", "lease_state", "merged_events", "raise_stale", "source", "to_ms",
+           "who"]
 
 T = TypeVar("T")
 MAX_INT = 2**52  # ttls and ages (ms) stay well inside Lua's exact integers
+
+
+@functools.cache
+def source(name: str) -> str:
+    """Script ``name``: ``lua/<name>.lua`` with ``lua/common.lua`` prepended."""
+    lua = importlib.resources.files(__package__) / "lua"
+    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
 def lease_state(key: str, now: int, row: list[str | None]) -> LeaseState:
@@ -32,6 +43,13 @@ def history_events(lines: Iterable[str]) -> list[HistoryEvent]:
     events = [{"owner": None, "detail": None, "n": "0", **json.loads(line)} for line in lines]
     events.sort(key=lambda e: (int(e["n"]), float(e["at"])))
     return [_event(e) for e in events]
+
+
+def merged_events(per_key: Iterable[Iterable[str]]) -> list[HistoryEvent]:
+    """Each key's history lines (a cluster numbers none store-wide) merged by the store clock; a key's own
+    lines keep their order even where a failover moved the clock back."""
+    parsed = ([{"owner": None, "detail": None, **json.loads(line)} for line in lines] for lines in per_key)
+    return [_event(e) for e in heapq.merge(*parsed, key=lambda e: float(e["at"]))]
 
 
 def _event(e: dict[str, Any]) -> HistoryEvent:

@@ -2,24 +2,21 @@
 
 Each script is ``lua/<operation>.lua`` with ``lua/common.lua`` prepended, run by ``EVALSHA`` (``NOSCRIPT``
 loads it and retries once); acquire, renew (up to 10,000 leases), complete, release, save_step and refuse are
-one round trip each. Tokens come from ``INCR`` of one counter. Expiry is judged by the server's ``TIME``
-against a deadline in the key's lease hash, which never expires. All keys share one prefix (``fence:``, or
-``?prefix=`` in the URL); each lua file names the keys it touches.
+one round trip each. Expiry is judged by the server's ``TIME`` against a deadline in the key's lease hash,
+which never expires. Keys share one prefix (``fence:``, or ``?prefix=``); a script gets its key's own names
+as KEYS and makes the store-wide ones from the prefix (its first argument). Tokens come from ``INCR`` of one
+counter; on a Redis Cluster (``?cluster=true``, see ``cluster``) of one counter per slot.
 
-Honest limits. One primary: no Redis Cluster (every acquire touches the one counter and the event counter);
-Sentinel or replica failover is asynchronous and can lose acknowledged writes. A restart without persistence,
-the ``everysec`` fsync window, a failover or an evicted counter (use ``maxmemory-policy noeviction``) move the
-counter back: a script refuses (``TokenRewound``, nothing written) a token not above the key's own token or
-the highest token issued (kept in a key of its own), or a key's stored token found above the counter. A token
-a client merely presents is never evidence (it may be forged): after an empty restart tokens start again at 1.
-Run ``celery fence advance`` after any of these. Tokens are in [1, 2**53 - 1] (Lua doubles are exact there).
-No driver retries (a script could run twice): a failed call is ``StoreUnavailable``, its outcome unknown.
-"""
+Honest limits. Sentinel, replica or cluster failover is asynchronous and can lose acknowledged writes. A
+restart without persistence, the ``everysec`` fsync window, a failover or an evicted counter (use
+``maxmemory-policy noeviction``) move the counter back: a script refuses (``TokenRewound``, nothing written)
+a token not above the key's own token or the highest token issued (kept in a key of its own), or a key's
+stored token found above the counter. A token a client merely presents is never evidence (it may be forged):
+after an empty restart tokens start again at 1. Run ``celery fence advance`` after any of these. Tokens are
+in [1, 2**53 - 1]. No driver retries (a script could run twice): a failed call is ``StoreUnavailable``."""
 
 from __future__ import annotations
 
-import functools
-import importlib.resources
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -47,8 +44,9 @@ from ..validation import (
     check_text,
     past_the_range,
 )
+from . import cluster
 from .boundary import split_url, translated
-from .rows import chunks, history_events, lease_state, raise_stale, to_ms, who
+from .rows import chunks, history_events, lease_state, raise_stale, source, to_ms, who
 
 __all__ = ["RedisStore"]
 
@@ -59,25 +57,20 @@ _PRUNED = {True: ("history",), False: ("lease", "steps", "history")}  # prune's 
 _OPTIONS = dict(decode_responses=True, health_check_interval=0, driver_info=None, retry=Retry(NoBackoff(), 0))
 
 
-@functools.cache
-def _source(name: str) -> str:
-    lua = importlib.resources.files(__package__) / "lua"
-    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
-
-
 class RedisStore:
-    """Lease store on one Redis primary; see :class:`celery_fence.stores.base.Store`."""
+    """Lease store on one Redis primary or a Redis Cluster; see :class:`celery_fence.stores.base.Store`."""
 
     max_value_bytes = codec.MAX_VALUE_BYTES  # far below a Redis string's 512 MB
     capabilities = Capabilities(name="Redis", default_port=6379)
-    _client: redis.Redis | None
+    _client: Any  # redis.Redis, or redis.cluster.RedisCluster in cluster mode
     _held: redis.Redis | None  # one connection of the client's pool, kept for scripts
     _held_lock: threading.Lock
     _scripts: dict[str, Script]
 
     def __init__(self, url: str, prefix: str | None = None, timeout: float = 5.0) -> None:
         self.url = url
-        self._target, url_prefix = split_url(url)
+        self._target, url_prefix, self._nodes = split_url(url)
+        self._mark = "" if self._nodes is None else "="  # a cluster's hash tags: '{=key}', never empty
         if None not in (prefix, url_prefix) and prefix != url_prefix:
             raise errors.ConfigurationError(f"two key prefixes: {prefix!r}, {url_prefix!r} (URL)")
         self.prefix = ("fence:" if url_prefix is None else url_prefix) if prefix is None else prefix
@@ -86,9 +79,6 @@ class RedisStore:
         self._timeout = timeout
         self.forget_after_fork()  # no client yet: each process makes its own on first use
         forget_in_child(self)
-        self._events, self._counter, self._high, self._live, self._index, self._done, self._pruned = (
-            f"{self.prefix}{name}" for name in ("events", "counter", "high", "live", "keys", "done", "pruned")
-        )
 
     def migrate(self) -> None:
         """Nothing to create; checks that the server answers on this database."""
@@ -99,10 +89,8 @@ class RedisStore:
         validate_key(key)
         check_owner(owner)
         ttl_ms = to_ms(validate_ttl(ttl), "ttl")
-        # no run: "" (a script argument cannot be nil)
-        run_text = codec.dumps_mapping(run, self.max_value_bytes) or ""
-        keys = [*self._keys(key, "lease", "history"), self._index]
-        reply = self._script("acquire", keys, [key, owner, ttl_ms, run_text])
+        run_text = codec.dumps_mapping(run, self.max_value_bytes) or ""  # a script argument cannot be nil
+        reply = self._script("acquire", self._keys(key, "lease", "history"), [key, owner, ttl_ms, run_text])
         if reply[0] == "done":
             raise errors.AlreadyDone(key, int(reply[1]), codec.loads(reply[2]))
         if reply[0] == "held":
@@ -116,18 +104,18 @@ class RedisStore:
         leases = check_leases(leases)
         ttl_ms = to_ms(validate_ttl(ttl), "ttl")
         lost: list[Lease] = []
-        for batch in chunks(leases, RENEW_BATCH):
+        groups = [leases] if self._nodes is None else cluster.by_slot(self, leases, lambda x: x.key)
+        for batch in (part for group in groups for part in chunks(group, RENEW_BATCH)):
             names = [self._k(kind, x.key) for x in batch for kind in ("lease", "history")]
             args = [ttl_ms, *(arg for lease in batch for arg in who(lease))]
-            keys = [self._events, self._counter, self._high, self._live, *names]
-            lost += [batch[i - 1] for i in self._script("renew", keys, args)]
+            lost += [batch[i - 1] for i in self._script("renew", names, args)]
         return lost
 
     def complete(self, lease: Lease, result: Any) -> None:
         check_lease(lease)
         text = codec.dumps(result, self.max_value_bytes)
-        keys = [*self._keys(lease.key, "lease", "history"), self._done]
-        raise_stale(lease, self._script("complete", keys, [*who(lease), text]), "complete")
+        reply = self._script("complete", self._keys(lease.key, "lease", "history"), [*who(lease), text])
+        raise_stale(lease, reply, "complete")
 
     def release(self, lease: Lease) -> None:
         check_lease(lease)
@@ -161,16 +149,20 @@ class RedisStore:
     def history(self, key: str | None = None) -> list[HistoryEvent]:
         """One key's list, or every key's (found by SCAN: no global list grows), in event order."""
         name = None if key is None else self._k("history", validate_key(key))
+        if name is None and self._nodes is not None:
+            return cluster.history(self)
         with self._io() as client:
             pipe = client.pipeline(transaction=False)
-            for each in [name] if name else self._history_names(client):
+            names = client.scan_iter(match=cluster.pattern(self.prefix, "history:{*}"), count=1000)
+            for each in [name] if name else sorted(names):
                 pipe.lrange(each, 0, -1)
             return history_events(line for per_key in pipe.execute() for line in per_key)
 
     def leases(self) -> list[LeaseState]:
+        if self._nodes is not None:
+            return self._states(cluster.keys_of(self, "lease"))
         with self._io() as client:
-            keys: set[str] = client.smembers(self._index)  # type: ignore[assignment]
-        return self._states(sorted(keys))
+            return self._states(sorted(client.smembers(f"{self.prefix}keys")))  # type: ignore[arg-type]
 
     def force_release(self, key: str) -> int:
         token = self._script("force_release", self._keys(validate_key(key), "lease", "history"), [key])
@@ -182,17 +174,20 @@ class RedisStore:
         """Markers of earlier prunes past the cutoff first (they lead the batches), then finished keys, each
         leaving its marker: one script call per READ_BATCH keys, so no marker of this prune is dropped."""
         age = to_ms(check_age(older_than), "age")
-        cutoff, due, marked = self._script("due", [self._done, self._pruned], [age])
+        if self._nodes is not None:
+            return cluster.prune(self, age)
+        cutoff, due, marked = self._script("due", [], [age, "done", "pruned"])
         dropped, items = 0, [*marked, *due]
         for start in range(0, len(items), READ_BATCH):
             batch, m = items[start : start + READ_BATCH], min(READ_BATCH, max(0, len(marked) - start))
             names = [self._k(kind, key) for i, key in enumerate(batch) for kind in _PRUNED[i < m]]
-            keys = [self._done, self._index, self._pruned, self._events, *names]
-            dropped += int(self._script("prune", keys, [cutoff, m, *batch]))
+            dropped += int(self._script("prune", names, [cutoff, age, m, *batch]))
         return dropped
 
     def advance(self, gap: int) -> int:
-        floor = self._script("advance", [self._counter], [check_gap(gap)])
+        if self._nodes is not None:
+            return cluster.advance(self, check_gap(gap))
+        floor = self._script("advance", [], [check_gap(gap)])
         if floor is None:  # the counter would leave the token range: nothing changed
             raise past_the_range(gap)
         return int(floor)
@@ -200,9 +195,13 @@ class RedisStore:
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
         limit = check_limit(limit)
         grace_ms = to_ms(check_age(grace), "age")
-        cutoff, due = self._script("due", [self._live], [grace_ms])
+        if self._nodes is None:
+            cutoff, due = self._script("due", [], [grace_ms, "live"])
+            batches = chunks(due, READ_BATCH)
+        else:  # no index: every leased key, each slot's cutoff by its own clock
+            cutoff, batches = "", cluster.in_batches(self, cluster.keys_of(self, "lease"), READ_BATCH)
         found: list[Abandoned] = []
-        for batch in chunks(due, READ_BATCH):
+        for batch in batches:
             keys, args = [self._k("lease", k) for k in batch], [cutoff, grace_ms, *batch]
             rows = self._script("abandoned", keys, args)
             found += [Abandoned(k, int(t), codec.loads(r), int(n), int(s)) for k, t, r, n, s in rows]
@@ -220,8 +219,7 @@ class RedisStore:
         validate_key(key)
         check_text(reason, "a give-up reason")
         run_text = codec.dumps_mapping(run, self.max_value_bytes) or ""  # a script argument cannot be nil
-        keys = [*self._keys(key, "lease", "history"), self._index]
-        return bool(self._script("strand", keys, [key, run_text, reason]))
+        return bool(self._script("strand", self._keys(key, "lease", "history"), [key, run_text, reason]))
 
     def close(self) -> None:
         clients, self._client, self._held, self._scripts = (self._held, self._client), None, None, {}
@@ -236,12 +234,15 @@ class RedisStore:
         self._held_lock = threading.Lock()  # a fork may inherit it held
         self._scripts = {}
 
-    def _k(self, kind: str, key: str) -> str:  # the {key} hash tag keeps a key's data in one slot
-        return f"{self.prefix}{kind}:{{{key}}}"
+    def token_scope(self, key: str) -> int | None:
+        """The keys whose tokens one counter issues: the store's (None), or on a cluster the key's slot."""
+        return None if self._nodes is None else cluster.slot_of(self._k("lease", key))
 
-    def _keys(self, key: str, *kinds: str) -> list[str]:  # the key's own, then those every write gets
-        shared = [self._events, self._counter, self._high, self._live]
-        return [*(self._k(kind, key) for kind in kinds), *shared]
+    def _k(self, kind: str, key: str) -> str:  # the {key} hash tag keeps a key's data in one slot
+        return f"{self.prefix}{kind}:{{{self._mark}{key}}}"
+
+    def _keys(self, key: str, *kinds: str) -> list[str]:  # the key's own (the scripts make the others)
+        return [self._k(kind, key) for kind in kinds]
 
     @contextmanager
     def _io(self) -> Iterator[redis.Redis]:
@@ -249,15 +250,19 @@ class RedisStore:
         with translated(self.url):
             if self._client is None:
                 timeouts = {"socket_timeout": self._timeout, "socket_connect_timeout": self._timeout}
-                self._client = redis.Redis.from_url(self._target, **timeouts, **_OPTIONS)
+                make = redis.Redis.from_url if self._nodes is None else cluster.client(self._nodes)
+                self._client = make(self._target, **timeouts, **_OPTIONS)
             yield self._client
 
     def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run script ``name`` on the held connection (a pool checkout and return cost more client CPU than
-        the call), or on a pooled one when another thread is using it (a renew while a run completes)."""
+        the call), or on a pooled one when another thread is using it (a renew while a run completes). Its
+        first arguments: the prefix and, in a cluster, the tag of the slot of its keys."""
+        args = [self.prefix, "" if self._nodes is None else cluster.slot_tag(keys[0]), *args]
         with self._io() as client:  # a race registers a script twice, harmlessly
-            script = self._scripts[name] = self._scripts.get(name) or client.register_script(_source(name))
-            if not self._held_lock.acquire(blocking=False):
+            script = self._scripts[name] = self._scripts.get(name) or client.register_script(source(name))
+            # a cluster client routes each call to the slot's primary: no connection of its own is held
+            if self._nodes is not None or not self._held_lock.acquire(blocking=False):
                 return script(keys=keys, args=args, client=client)
             try:
                 return script(keys=keys, args=args, client=self._held_client(client))
@@ -275,14 +280,15 @@ class RedisStore:
             conn.disconnect()  # type: ignore[no-untyped-call]  # the next command connects again
         return self._held
 
-    def _history_names(self, client: redis.Redis) -> list[str]:
-        escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in self.prefix)
-        return sorted(client.scan_iter(match=f"{escaped}history:{{*}}", count=1000))
-
     def _states(self, keys: Sequence[str]) -> list[LeaseState]:
+        if self._nodes is not None:
+            return cluster.scan_states(self, keys)
+        return [state for batch in chunks(keys, READ_BATCH) for state in self._slot_states(batch) if state]
+
+    def _slot_states(self, keys: Sequence[str]) -> list[LeaseState | None]:  # keys of one slot in a cluster
         states = []
         for batch in chunks(keys, READ_BATCH):
             now, *rows = self._script("state", [self._k("lease", k) for k in batch], [])
-            states += [lease_state(k, int(now), r) for k, r in zip(batch, rows, strict=True) if r is not None]
+            states += [r and lease_state(k, int(now), r) for k, r in zip(batch, rows, strict=True)]
         return states
 

@@ -1,7 +1,7 @@
--- refuse: record that a write of this lease was refused before it reached the store.
--- KEYS[1] key history   KEYS[2] event counter   KEYS[3] counter (unused)   KEYS[4] witnessed high token
--- (unused: a refusal proves nothing about the counter)   KEYS[5] leased keys (zset, unused)
--- ARGV[1] key   ARGV[2] token   ARGV[3] owner   ARGV[4] what was refused
+-- refuse: record that a write of this lease was refused before it reached the store (a refusal proves
+-- nothing about the counter: only the event counter of shared() is touched).
+-- KEYS[1] key history
+-- A[1] key   A[2] token   A[3] owner   A[4] what was refused
 local now, at = clock()
-log(KEYS[1], KEYS[2], at, ARGV[1], 'refused', ARGV[2], ARGV[3], ARGV[4])
+log(KEYS[1], shared().events, at, A[1], 'refused', A[2], A[3], A[4])
 return 1

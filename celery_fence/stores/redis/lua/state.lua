@@ -1,6 +1,6 @@
 -- state: read lease hashes with the store clock (for get and leases).
 -- KEYS[i] lease hash of key i
--- ARGV: none
+-- A: none
 -- Returns {now in ms, then per key: {token, owner, exp, done, result, dead, rec, sent, run} or nil if unknown}.
 local now = clock()
 local out = {int(now)}
