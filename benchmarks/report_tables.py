@@ -198,6 +198,6 @@ def tables(results: dict[str, Any], labels: dict[str, str]) -> str:
             [t["target"], t["measured"], {True: "met", False: "**missed**", None: "n/a"}[t["met"]]]
             for t in results["targets"]
         ]
-        out += ["### Targets (issue 7)", ""]
+        out += ["### Targets (issues 7 and 16)", ""]
         out += _table(["target", "measured", ""], rows)
     return "\n".join(out)
