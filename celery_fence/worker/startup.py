@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 from ..config import FenceConfig
 from ..errors import ConfigurationError
 from ..lease import LeasePolicy
-from ..stores import Capabilities, capabilities_for, check_store_url
+from ..stores import Capabilities, capabilities_for
 from .spelling import unknown_settings
 from .store_probe import probe_store
 from .task_checks import Acks, acks_warnings, task_warnings
@@ -30,9 +30,8 @@ def check_settings(
     the acknowledgement settings are judged by the app's defaults.
     """
     config = FenceConfig.from_conf(conf)
-    check_store_url(config.store_url)  # an unknown scheme or a missing driver stops the worker too
+    store = capabilities_for(config.store_url)  # refuses a bad URL, unknown scheme or missing driver too
     ttl, warnings = config.policy.ttl, unknown_settings(conf)
-    store = capabilities_for(config.store_url)
     warnings += [w for w in [store.ttl_warning(ttl)] if w]
     if store.write_lock_wait is not None:
         warnings += _lock_warning(store, config.policy, conf.get("fence_renew_interval"))

@@ -13,7 +13,7 @@ import logging
 
 from ..config import FenceConfig
 from ..errors import StoreUnavailable
-from ..stores import check_store_url, open_store
+from ..stores import open_store
 from ..stores.urls import mask_url
 from ..stores.waits import ADMIN_LOCK_WAIT, lock_wait
 
@@ -31,8 +31,7 @@ def probe_store(config: FenceConfig) -> list[str]:
     made, or refused. Returns the warnings; raises ``ConfigurationError`` for what cannot work.
     """
     url = config.store_url
-    check_store_url(url)  # what the store refuses without a round trip (SQLite: a missing directory)
-    store = open_store(url)
+    store = open_store(url)  # refuses first, without a round trip, what the store's check_url refuses
     try:
         with lock_wait(ADMIN_LOCK_WAIT):  # never wait long behind another process's SQLite transaction
             store.get(PROBE_KEY)

@@ -45,23 +45,24 @@ def restartable_store(name: str, request: pytest.FixtureRequest) -> Iterator[tup
 
 
 @contextlib.contextmanager
+def _store_on(server: Any, url: str) -> Iterator[tuple[Any, Any]]:
+    store = open_store(url)
+    try:
+        yield store, server
+    finally:
+        store.close()
+
+
+@contextlib.contextmanager
 def _postgres(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
-    with private_postgres() as server:
-        store = open_store(server.url())
-        try:
-            yield store, server
-        finally:
-            store.close()
+    with private_postgres() as server, _store_on(server, server.url()) as pair:
+        yield pair
 
 
 @contextlib.contextmanager
 def _standby_pair(synchronous: bool) -> Iterator[tuple[Any, Any]]:
-    with postgres_pair(synchronous=synchronous) as pair:
-        store = open_store(pair.url())
-        try:
-            yield store, pair
-        finally:
-            store.close()
+    with postgres_pair(synchronous=synchronous) as pair, _store_on(pair, pair.url()) as opened:
+        yield opened
 
 
 @contextlib.contextmanager
@@ -83,11 +84,10 @@ def _redis_cluster(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
     from .harness_redis_cluster import RedisClusterServers
 
     servers = RedisClusterServers(replicas=1).start()
-    store = open_store(servers.url("t:"))
     try:
-        yield store, servers
+        with _store_on(servers, servers.url("t:")) as pair:
+            yield pair
     finally:
-        store.close()
         servers.stop()
 
 

@@ -5,14 +5,12 @@ store module stays one screenful of lease operations."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
-
-from sqlalchemy import Connection
+from typing import Any
 
 from ... import codec
 from ...lease import Abandoned, validate_key
 from ..validation import check_abandoned, check_age, check_limit, check_text
+from .connections import Connections
 from .errors import RowLocked
 from .queries import Queries
 
@@ -23,15 +21,12 @@ class SQLRecovery:
     """``abandoned`` and ``recover`` of :class:`celery_fence.stores.sql.store.SQLStore`."""
 
     q: Queries
+    db: Connections
     max_value_bytes: int
-
-    if TYPE_CHECKING:
-
-        def _one(self) -> AbstractContextManager[Connection]: ...
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
         params = {"grace": check_age(grace), "limit": check_limit(limit)}
-        with self._one() as conn:
+        with self.db.one() as conn:
             rows = conn.execute(self.q.abandoned, params).all()
         return [
             Abandoned(r.key, int(r.token), codec.loads(r.run), int(r.recoveries), int(r.recovery_sent))
@@ -49,7 +44,7 @@ class SQLRecovery:
             "max": max_recoveries,
             "reason": reason,
         }
-        with self._one() as conn:
+        with self.db.one() as conn:
             row = conn.execute(self.q.recover, params).first()
         if row is None:
             return None
@@ -60,7 +55,7 @@ class SQLRecovery:
         check_text(reason, "a give-up reason")
         params = {"key": key, "run": codec.dumps_mapping(run, self.max_value_bytes), "reason": reason}
         try:
-            with self._one() as conn:
+            with self.db.one() as conn:
                 return conn.execute(self.q.strand, params).first() is not None
         except RowLocked:  # a live run's open transaction holds the row: a leased key
             return False

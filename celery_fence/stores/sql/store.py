@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection
@@ -59,15 +59,6 @@ class SQLStore(SQLRecovery):
     def migrate(self) -> None:
         self.db.migrate()
 
-    def _ready(self) -> None:
-        self.db.ready()
-
-    def _one(self) -> AbstractContextManager[Connection]:
-        return self.db.one()
-
-    def _hot(self, name: str, params: Mapping[str, Any]) -> Sequence[Any]:
-        return self.db.hot(name, params)
-
     # -- the lease operations --
 
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
@@ -77,12 +68,12 @@ class SQLStore(SQLRecovery):
         run_text = codec.dumps_mapping(run, self.max_value_bytes)
         params = {"key": key, "owner": owner, "ttl": ttl, "run": run_text}
         try:
-            rows = self._hot("acquire", params)
+            rows = self.db.hot("acquire", params)
         except RowLocked:  # its holder's open transaction locks it: a live lease
             rows = []
         if rows:  # the old row's expiry is not visible to RETURNING: expired_for stays unknown here
             return Lease(key, int(rows[0][0]), owner, taken_over=rows[0][1] == "takeover")
-        with self._one() as conn:  # held or done: say by whom (not the hot path)
+        with self.db.one() as conn:  # held or done: say by whom (not the hot path)
             state = conn.execute(self.q.state, {"key": key}).first()
         if state is None:  # the row vanished between the two statements (pruned): try once more
             return self.acquire(key, owner, ttl, run)
@@ -98,11 +89,11 @@ class SQLStore(SQLRecovery):
         if not leases:
             return []
         kept = {
-            (key, int(token)) for key, token in self._hot("renew", renew_params(self.dialect, leases, ttl))
+            (key, int(token)) for key, token in self.db.hot("renew", renew_params(self.dialect, leases, ttl))
         }
         lost = [lease for lease in leases if (lease.key, lease.token) not in kept]
         if lost:
-            with self._one() as conn:
+            with self.db.one() as conn:
                 failed = [self.event_params(lease, "renew-failed") for lease in lost]
                 conn.execute(self.q.log_renew_failed, failed)
         return lost
@@ -110,12 +101,12 @@ class SQLStore(SQLRecovery):
     def complete(self, lease: Lease, result: Any) -> None:
         check_lease(lease)
         params = self.event_params(lease, "complete", result=codec.dumps(result, self.max_value_bytes))
-        if not self._hot("complete", params):
+        if not self.db.hot("complete", params):
             self.refuse_now(lease, "complete")
 
     def release(self, lease: Lease) -> None:
         check_lease(lease)
-        self._hot("release", {"key": lease.key, "token": lease.token})
+        self.db.hot("release", {"key": lease.key, "token": lease.token})
 
     @property
     def safe_url(self) -> str:
@@ -125,7 +116,7 @@ class SQLStore(SQLRecovery):
         """Open the run's transaction: the lease row checked and locked until it commits with the
         completion (``RunTransaction.complete``) or rolls back (``close``). ``StaleToken``: not current."""
         check_lease(lease)
-        self._ready()
+        self.db.ready()
         return RunTransaction(self, lease, validate_ttl(ttl))
 
     @contextmanager
@@ -133,7 +124,7 @@ class SQLStore(SQLRecovery):
         """A transaction in which the lease row is checked and locked until commit (see the protocol): a
         :class:`RunTransaction` of one block that commits when the block ends (an atomic step's)."""
         check_lease(lease)
-        self._ready()
+        self.db.ready()
         run_tx = RunTransaction(self, lease, self.limits.idle_in_transaction, step)
         try:
             with run_tx.block() as conn:
@@ -163,20 +154,20 @@ class SQLStore(SQLRecovery):
 
     def steps(self, key: str) -> dict[str, Any]:
         validate_key(key)
-        with self._one() as conn:
+        with self.db.one() as conn:
             return {r.name: codec.loads(r.value) for r in conn.execute(self.q.steps, {"key": key})}
 
     def refuse(self, lease: Lease, what: str) -> None:
         check_lease(lease)
         check_text(what, "what was refused")
-        with self._one() as conn:
+        with self.db.one() as conn:
             conn.execute(self.q.log, self.event_params(lease, "refused", detail=what))
 
     # -- reading --
 
     def get(self, key: str) -> LeaseState | None:
         validate_key(key)
-        with self._one() as conn:
+        with self.db.one() as conn:
             row = conn.execute(self.q.state, {"key": key}).first()
         return None if row is None else lease_state(row)
 
@@ -184,19 +175,19 @@ class SQLStore(SQLRecovery):
         if key is not None:
             validate_key(key)
         query, params = (self.q.history_all, {}) if key is None else (self.q.history, {"key": key})
-        with self._one() as conn:
+        with self.db.one() as conn:
             rows = conn.execute(query, params).all()
         return [HistoryEvent(r.at, r.event, int(r.token), r.owner, r.detail, key=r.key) for r in rows]
 
     def leases(self) -> list[LeaseState]:
-        with self._one() as conn:
+        with self.db.one() as conn:
             return [lease_state(row) for row in conn.execute(self.q.leases)]
 
     # -- administration --
 
     def force_release(self, key: str) -> int:
         validate_key(key)
-        with self._one() as conn:
+        with self.db.one() as conn:
             token = conn.execute(self.q.force_release, {"key": key}).scalar()
         if token is None:
             raise InvalidArgument(f"no lease for key {key!r}")
@@ -243,7 +234,7 @@ class SQLStore(SQLRecovery):
         )
 
     def refuse_now(self, lease: Lease, what: str) -> None:
-        with self._one() as conn:
+        with self.db.one() as conn:
             self._refused(conn, lease, what)
 
     @staticmethod
