@@ -59,6 +59,7 @@ class Action(enum.Enum):
     RETURN_STORED = "return stored"  # return the key's stored result without running the body
     ABSORB = "absorb"  # a duplicate whose result was already delivered: end quietly (Ignore)
     ABSORB_LATER = "absorb later"  # a duplicate of a running copy: send again later in case it dies
+    AWAIT_DELIVERY = "await delivery"  # a copy of a finished run not delivered yet: look again after a ttl
     TAKE_BACK = "take back"  # release the hand-off lease of the attempt that sent us, acquire again
     ACQUIRE_AGAIN = "acquire again"  # the key changed between the acquire and the read
     BUSY = "busy"  # another task holds the key: fence_on_busy decides
@@ -83,6 +84,7 @@ class Facts:
     delivered: bool = False  # the result backend already has SUCCESS for this task id
     deadline_passed: bool = False  # the run's local deadline passed: stop calling the store again
     read_failed: bool = False  # the store did not answer the read of the key
+    awaited: bool = False  # this copy already waited a ttl for that completion's delivery (its header)
 
 
 # The answer for the events that never need a read.
@@ -131,7 +133,11 @@ def _finished(facts: Facts) -> Action:
     if facts.view is View.UNREAD:  # unreadable: return what the acquire said (links may fire again)
         return Action.RETURN_STORED
     if facts.view in (View.SAME_TASK_DONE, View.MINE_DONE):  # a copy of this very task id
-        return Action.ABSORB if facts.delivered else Action.RETURN_STORED
+        if facts.delivered:
+            return Action.ABSORB
+        # Celery sends the callbacks, then stores SUCCESS, after the completion committed: the run that
+        # committed may be doing so now. Silent for a ttl, it died before it delivered: deliver for it.
+        return Action.RETURN_STORED if facts.awaited else Action.AWAIT_DELIVERY
     if facts.view is View.OTHER_TASK_DONE:
         return Action.RETURN_STORED  # the winner's result is this task id's result too
     return Action.ACQUIRE_AGAIN  # pruned meanwhile

@@ -50,12 +50,13 @@ class RunHost(Protocol):
     def ended(self, fence: Fence) -> None: ...
     def duplicate(self, key: str, token: int, reason: str) -> None: ...
     def refused(self, fence: Fence, reason: str) -> None: ...
-    def delivered(self) -> bool: ...
+    def delivered(self) -> bool | None: ...
     def requeue(
         self, countdown: float, handing_back: Lease | None = None, cause: BaseException | None = None
     ) -> NoReturn: ...
     def busy(self, held: LeaseHeld, config: FenceConfig) -> Any: ...
     def look_again(self, held: LeaseHeld, config: FenceConfig) -> NoReturn: ...
+    def await_delivery(self, key: str, token: int, config: FenceConfig) -> NoReturn: ...
     def wait_out(self, exc: StoreUnavailable, config: FenceConfig, key: str, run_info: Any) -> NoReturn: ...
     def superseded(self, fence: Fence, state: LeaseState | None) -> NoReturn: ...
 
@@ -71,10 +72,11 @@ class Run:
         key: str,
         run_info: Any,
         handoff: int | None,
+        awaited: int | None = None,
     ) -> None:
         self.host, self.runtime, self.config = host, runtime, config
         self.store = runtime.store
-        self.key, self.run_info, self.handoff = key, run_info, handoff
+        self.key, self.run_info, self.handoff, self.awaited = key, run_info, handoff, awaited
         self.task_id: str = host.request.id
         self.state: LeaseState | None = None  # the last read of the key
 
@@ -129,6 +131,9 @@ class Run:
 
     def _end_unrun(self, action: Action, problem: FenceError | None) -> Any:
         state = self.state
+        if action is Action.AWAIT_DELIVERY:
+            assert state is not None
+            self.host.await_delivery(self.key, state.token, self.config)
         if action is Action.RETURN_STORED:
             token = state.token if state is not None else getattr(problem, "token", 0)
             self.host.duplicate(self.key, token, "done")
@@ -243,8 +248,11 @@ class Run:
             self.state = None
             return decide(replace(facts, read_failed=True))
         view = view_of(self.state, token, self.task_id, self.handoff)
-        delivered = view in (View.SAME_TASK_DONE, View.MINE_DONE) and facts.event is Event.FINISHED
-        return decide(replace(facts, view=view, delivered=delivered and self.host.delivered()))
+        copy = view in (View.SAME_TASK_DONE, View.MINE_DONE) and facts.event is Event.FINISHED
+        delivered = self.host.delivered() if copy else False
+        # Nothing to wait for when nothing can tell (eager, no result backend), or waited already.
+        awaited = delivered is None or (self.state is not None and self.state.token == self.awaited)
+        return decide(replace(facts, view=view, delivered=bool(delivered), awaited=awaited))
 
     def _end(
         self,

@@ -24,7 +24,7 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore
 from celery.signals import celeryd_after_setup, celeryd_init, worker_process_shutdown, worker_shutdown
 
-from . import codec
+from . import _headers, codec
 from ._events import send_fence_event
 from ._owed import Stranded
 from ._runinfo import run_info
@@ -49,23 +49,9 @@ from .signals import (
 from .worker.bootstep import add_worker_steps, settle_owed_records
 from .worker.startup import check_worker_at_start
 
-__all__ = ["HANDOFF_HEADER", "FencedTask"]
+__all__ = ["FencedTask"]
 
 log = logging.getLogger(__name__)
-
-HANDOFF_HEADER = "fence_handoff"  # the token an attempt hands to the copy of itself that it sends
-WAITING_SINCE_HEADER = "fence_waiting_since"  # when a run first found the store unavailable (epoch s)
-WAITS_HEADER = "fence_waits"  # how many times it was sent again to wait the store out
-LOOKS_HEADER = "fence_looks"  # how many times a copy of a running task id was sent again to look
-
-
-def _token_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def _seconds_or_none(value: Any) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-    return float(value) if ok else None
 
 
 class FencedTask(Task):  # type: ignore[misc]  # celery ships no type information
@@ -111,8 +97,9 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             self.fence_lease_ttl, self.fence_on_busy, self.fence_interrupt
         )
         key, _ = derive_key(self, args, kwargs)
-        handoff = _token_or_none(getattr(request, HANDOFF_HEADER, None))
-        run = Run(self, runtime, config, key, self._run_info(args, kwargs), handoff)
+        handoff = _headers.token_or_none(getattr(request, _headers.HANDOFF, None))
+        awaited = _headers.token_or_none(getattr(request, _headers.AWAITED, None))
+        run = Run(self, runtime, config, key, self._run_info(args, kwargs), handoff, awaited)
         return run.execute(args, kwargs)
 
     def signature_from_request(self, request: Any = None, *args: Any, **options: Any) -> Any:
@@ -121,9 +108,9 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         signature = super().signature_from_request(request, *args, **options)
         fence = getattr(request if request is not None else self.request, "_fence", None)
         if fence is not None:
-            headers = dict(signature.options.get("headers") or {})
-            headers[HANDOFF_HEADER] = fence.token
-            signature.options["headers"] = headers
+            sent = dict(signature.options.get("headers") or {})
+            sent[_headers.HANDOFF] = fence.token
+            signature.options["headers"] = sent
         return signature
 
     # -- what a run asks of its task (run.RunHost) --
@@ -173,11 +160,12 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         )
         send_fence_event(self, self.request, "refused", key=fence.key, token=fence.token, exception=reason)
 
-    def delivered(self) -> bool:
+    def delivered(self) -> bool | None:
         """Whether the result backend already holds SUCCESS for this task id: the run that stored it also
-        sent its callbacks (Celery sends them first), so a copy must not send them again."""
+        sent its callbacks (Celery sends them first), so a copy must not send them again. ``None``: nothing
+        can tell (eager ``apply()``, no result backend)."""
         if self.request.is_eager or isinstance(self.backend, DisabledBackend):
-            return False
+            return None
         try:
             return bool(self.backend.get_task_meta(self.request.id).get("status") == states.SUCCESS)
         except Exception as exc:  # a backend that cannot answer: deliver again (at least once)
@@ -231,8 +219,8 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         since the first failure (carried in the message); then give up where an operator looks: the log,
         the ``store_wait_exhausted`` signal, and the key marked dead in the store (``_strand``)."""
         request = self.request
-        since = _seconds_or_none(getattr(request, WAITING_SINCE_HEADER, None)) or time.time()
-        waits = _token_or_none(getattr(request, WAITS_HEADER, None)) or 0
+        since = _headers.seconds_or_none(getattr(request, _headers.WAITING_SINCE, None)) or time.time()
+        waits = _headers.token_or_none(getattr(request, _headers.WAITS, None)) or 0
         waited = time.time() - since
         if request.is_eager or waited >= config.store_wait:
             log.error(
@@ -248,7 +236,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             "fence: store unavailable for %s[%s] (key %r), waiting it out (again in %.1fs, "
             "max_retries not spent): %s", self.name, request.id, key, countdown, exc,
         )
-        self._send_again(countdown, {WAITING_SINCE_HEADER: since, WAITS_HEADER: waits + 1})
+        self._send_again(countdown, {_headers.WAITING_SINCE: since, _headers.WAITS: waits + 1})
 
     def look_again(self, held: LeaseHeld, config: FenceConfig) -> NoReturn:
         """A run of this very task id holds the key: this copy (a redelivery) looks again in case the holder
@@ -256,10 +244,21 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         request = self.request
         if request.is_eager:  # apply() has no queue to go back to
             raise Ignore()
-        looks = _token_or_none(getattr(request, LOOKS_HEADER, None)) or 0
+        looks = _headers.token_or_none(getattr(request, _headers.LOOKS, None)) or 0
         countdown = config.policy.look_again_countdown(held.expires_in, looks)
         log.info("fence: %s[%s] looks at %s again in %.1fs", self.name, request.id, held.key, countdown)
-        self._send_again(countdown, {LOOKS_HEADER: looks + 1})
+        self._send_again(countdown, {_headers.LOOKS: looks + 1})
+
+    def await_delivery(self, key: str, token: int, config: FenceConfig) -> NoReturn:
+        """A run of this task id finished the key, SUCCESS not stored: it may be sending its callbacks now.
+        Look again after a ttl; still not delivered then, that run died first and this copy delivers."""
+        request = self.request
+        countdown = config.policy.ttl
+        log.info(
+            "fence: %s[%s] finds %s finished, not delivered yet: looks again in %.1fs",
+            self.name, request.id, key, countdown,
+        )
+        self._send_again(countdown, {_headers.AWAITED: token})
 
     def _send_again(self, countdown: float, headers: dict[str, Any]) -> NoReturn:
         """This message again, same id and same ``retries`` (nothing failed), ``headers`` added; then end."""

@@ -227,9 +227,23 @@ def _die_publishing(when: str, headers: dict[str, Any] | None) -> None:
         os._exit(1)
 
 
+def _pause_publishing(headers: dict[str, Any] | None) -> None:
+    """A test writes ``pause-before-publishing.<task id>``: the process running that task waits as it sends
+    the task's next step (its completion committed, SUCCESS not stored) until the file goes, and writes
+    ``paused-before-publishing.<task id>`` when it gets there. Only the next step (a copy of the task sending
+    itself again has the same parent id), and only the first run to get there."""
+    parent, name = (headers or {}).get("parent_id"), str((headers or {}).get("task"))
+    marker, paused = MARKS / f"pause-before-publishing.{parent}", MARKS / f"paused-before-publishing.{parent}"
+    if parent and name.endswith(".after") and marker.exists() and not paused.exists():
+        paused.write_text(str(os.getpid()))
+        while marker.exists():
+            time.sleep(0.01)
+
+
 @before_task_publish.connect
 def _die_before_publishing(headers: dict[str, Any] | None = None, **_: Any) -> None:
     _die_publishing("before", headers)
+    _pause_publishing(headers)
 
 
 @after_task_publish.connect

@@ -46,11 +46,16 @@ def _log(cluster: Cluster) -> str:
     return "".join(worker.log_text() for worker in cluster.workers)
 
 
+def _ended(cluster: Cluster, task_id: str) -> int:
+    """How many deliveries of ``task_id`` ended."""
+    log = _log(cluster)
+    return sum(log.count(f"{RECORD}[{task_id}] {how}") for how in ("succeeded", "ignored"))
+
+
 def _settled(cluster: Cluster, task_id: str) -> int:
     """How many deliveries of ``task_id`` ended, once every delivery received so far has ended (else 0)."""
-    log = _log(cluster)
-    received = log.count(f"{RECORD}[{task_id}] received")
-    ended = sum(log.count(f"{RECORD}[{task_id}] {how}") for how in ("succeeded", "ignored"))
+    received = _log(cluster).count(f"{RECORD}[{task_id}] received")
+    ended = _ended(cluster, task_id)
     return ended if received and ended == received else 0
 
 
@@ -126,6 +131,36 @@ def test_a_fenced_next_step_dispatched_twice_runs_once(cluster: Cluster) -> None
         assert len(marks(cluster.workdir, step, "wrote")) == 1
         assert len(cluster.effects(step)) == 1
     assert f"duplicate delivery of {b_id} absorbed: done" in _log(cluster)
+
+
+def test_a_copy_that_finds_a_step_finished_but_not_yet_dispatched_lets_it_advance_the_chain_once(
+    cluster: Cluster,
+) -> None:
+    """The first step's completion commits; before its process sends the next step (SUCCESS not stored yet),
+    a copy of its message finds the key finished but not delivered. The copy looks again a ttl later instead
+    of delivering in its place (CI caught it sending the next step a second time in this window), then finds
+    SUCCESS and is absorbed: the chain advances once."""
+    cluster.worker("a", concurrency=2)
+    queue, label = _next_queue(cluster), _label()
+    canvas = chain(record.s("held back"), after.s(label).set(queue=queue))
+    result = canvas.freeze()
+    first_id = result.parent.id
+    pause = cluster.workdir / f"pause-before-publishing.{first_id}"
+    pause.write_text("")  # read by fenced_app
+    canvas.apply_async()
+    paused = cluster.workdir / f"paused-before-publishing.{first_id}"
+    wait_for(paused.exists, 30, "the first step to commit and pause before it dispatches")
+    canvas.apply_async()  # the same message again: same task ids, same chain
+    wait_for(lambda: _ended(cluster, first_id), 30, "the copy to end while the first step is paused")
+    pause.unlink()
+    assert result.get(timeout=30)["item"] == "held back"
+    assert wait_for(lambda: _settled(cluster, first_id) >= 2, 30, "every copy to end")
+    _barrier(cluster, queue)
+    assert [value["item"] for value in _values(cluster, label)] == ["held back"]
+    assert len(marks(cluster.workdir, first_id, "started")) == 1
+    assert len(cluster.effects(first_id)) == 1
+    assert f"{first_id}] finds {first_id} finished, not delivered yet" in _log(cluster)
+    assert f"duplicate delivery of {first_id} absorbed: done" in _log(cluster)
 
 
 @pytest.mark.parametrize("cluster", [{"visibility": "2", "ttl": "2"}], indirect=True)

@@ -23,15 +23,15 @@ REFUSALS = {
     Action.REFUSE_WINNER,
     Action.REFUSE_SUPERSEDED,
 }
-FLAGS = list(itertools.product([False, True], repeat=4))
+FLAGS = list(itertools.product([False, True], repeat=5))
 
 
 def every_facts() -> list[Facts]:
     return [
-        Facts(event, view, joined, delivered, deadline, read_failed)
+        Facts(event, view, joined, delivered, deadline, read_failed, awaited)
         for event in Event
         for view in View
-        for joined, delivered, deadline, read_failed in FLAGS
+        for joined, delivered, deadline, read_failed, awaited in FLAGS
     ]
 
 
@@ -119,7 +119,20 @@ def test_a_duplicate_of_a_delivered_result_does_not_deliver_it_again() -> None:
     """Canvas: Celery sends a task's callbacks before it stores SUCCESS; a copy that finds SUCCESS stored
     must not send the chain's next task or count a chord part again."""
     assert decide(Facts(Event.FINISHED, View.SAME_TASK_DONE, delivered=True)) is Action.ABSORB
-    assert decide(Facts(Event.FINISHED, View.SAME_TASK_DONE)) is Action.RETURN_STORED
+    assert decide(Facts(Event.FINISHED, View.SAME_TASK_DONE, delivered=True, awaited=True)) is Action.ABSORB
+    assert decide(Facts(Event.FINISHED, View.OTHER_TASK_DONE, delivered=True)) is Action.RETURN_STORED
+
+
+def test_a_copy_waits_a_ttl_for_a_finished_run_to_deliver_before_it_delivers_for_it() -> None:
+    """Between the completion's commit and SUCCESS stored, the run that committed sends its callbacks: a
+    copy finding the key finished but not delivered looks again a ttl later, and only then (the run died
+    before it delivered) returns the stored result, so Celery sends the callbacks once either way."""
+    for view in (View.SAME_TASK_DONE, View.MINE_DONE):
+        assert decide(Facts(Event.FINISHED, view)) is Action.AWAIT_DELIVERY
+        assert decide(Facts(Event.FINISHED, view, awaited=True)) is Action.RETURN_STORED
+    for facts in ALL:
+        if decide(facts) is Action.AWAIT_DELIVERY:
+            assert facts.event is Event.FINISHED and not facts.delivered and not facts.awaited, facts
     assert decide(Facts(Event.FINISHED, View.OTHER_TASK_DONE, delivered=True)) is Action.RETURN_STORED
 
 
