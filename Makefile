@@ -16,10 +16,13 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-# Everything but the soaks and the contract suite on a 3-member etcd, then the packaging check; CI runs
-# this. The chaos tests size themselves by FENCE_SOAK_RUNS.
+# Everything but the soaks and the contract suites on the clusters, then the packaging check; CI runs
+# this. The chaos tests size themselves by FENCE_SOAK_RUNS. Two pytest-xdist workers, a file each at a time
+# (most of the time is spent waiting on real workers and servers); each has databases of its own
+# (tests/conftest.py). PARALLEL= runs it in one process.
+PARALLEL ?= -n 2 --dist loadfile
 test: venv
-	$(PYTEST) -m "not soak and not etcd_cluster and not cluster_full" $(ARGS)
+	$(PYTEST) $(PARALLEL) -m "not soak and not etcd_cluster and not cluster_full" $(ARGS)
 	$(MAKE) pkg
 
 # Build the sdist and wheel (a setuptools warning about a package it would leave out fails it), twine

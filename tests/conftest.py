@@ -17,6 +17,27 @@ import pytest
 
 pytest_plugins = ["pytester"]  # pytest accepts it only in the top-level conftest
 
+
+def _own_databases_per_xdist_worker() -> None:
+    """Under pytest-xdist (``make test`` runs two workers), each worker tests against Redis databases and a
+    PostgreSQL database of its own: the integration tests' workers share their broker's databases (kombu
+    restores unacknowledged messages per database), and the chaos tests kill every store connection of one.
+    Worker ``gwN`` moves each Redis database number down by 3N and suffixes the PostgreSQL database."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return
+    shift = 3 * int(worker[2:])
+    databases = {"FENCE_TEST_REDIS_DB": 15, "FENCE_TEST_BROKER_DB": 14, "FENCE_TEST_BACKEND_DB": 13}
+    for name, default in databases.items():
+        number = int(os.environ.get(name, default)) - shift
+        if number < 0:
+            raise pytest.UsageError(f"pytest-xdist worker {worker}: no Redis database left for {name}")
+        os.environ[name] = str(number)
+    database = os.environ.get("FENCE_TEST_PG_DATABASE", "celery_fence_test")
+    os.environ["FENCE_TEST_PG_DATABASE"] = f"{database}_{worker}"
+
+
+_own_databases_per_xdist_worker()
 PG_SERVER_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 # The soak sets its own, so its faults (every celery-fence session of the database terminated) stay there.
 PG_TEST_DATABASE = os.environ.get("FENCE_TEST_PG_DATABASE", "celery_fence_test")
