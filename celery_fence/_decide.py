@@ -84,7 +84,7 @@ class Facts:
     delivered: bool = False  # the result backend already has SUCCESS for this task id
     deadline_passed: bool = False  # the run's local deadline passed: stop calling the store again
     read_failed: bool = False  # the store did not answer the read of the key
-    awaited: bool = False  # this copy already waited a ttl for that completion's delivery (its header)
+    awaited: bool = False  # no use waiting for delivery: waited a ttl already (its header), or nothing tells
 
 
 # The answer for the events that never need a read.
