@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AWAITED", "HANDOFF", "LOOKS", "WAITING_SINCE", "WAITS", "seconds_or_none", "token_or_none"]
+__all__ = ["AWAITED", "HANDOFF", "LOOKS", "WAITING_SINCE", "WAITS", "seconds", "whole"]
 
 HANDOFF = "fence_handoff"  # the token an attempt hands to the copy of itself that it sends
 WAITING_SINCE = "fence_waiting_since"  # when a run first found the store unavailable (epoch s)
@@ -17,10 +17,15 @@ LOOKS = "fence_looks"  # how many times a copy of a running task id was sent aga
 AWAITED = "fence_awaited"  # the finished token whose delivery (SUCCESS stored) a copy already waited for
 
 
-def token_or_none(value: Any) -> int | None:
+def whole(request: Any, header: str) -> int | None:
+    """``header`` of the message ``request`` runs, if it is a positive int (a token or a count)."""
+    value = getattr(request, header, None)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def seconds_or_none(value: Any) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-    return float(value) if ok else None
+def seconds(request: Any, header: str) -> float | None:
+    """``header`` of the message ``request`` runs, if it is a positive number (a time)."""
+    value = getattr(request, header, None)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return float(value)

@@ -97,8 +97,8 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             self.fence_lease_ttl, self.fence_on_busy, self.fence_interrupt
         )
         key, _ = derive_key(self, args, kwargs)
-        handoff = _headers.token_or_none(getattr(request, _headers.HANDOFF, None))
-        awaited = _headers.token_or_none(getattr(request, _headers.AWAITED, None))
+        handoff = _headers.whole(request, _headers.HANDOFF)
+        awaited = _headers.whole(request, _headers.AWAITED)
         run = Run(self, runtime, config, key, self._run_info(args, kwargs), handoff, awaited)
         return run.execute(args, kwargs)
 
@@ -219,8 +219,8 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         since the first failure (carried in the message); then give up where an operator looks: the log,
         the ``store_wait_exhausted`` signal, and the key marked dead in the store (``_strand``)."""
         request = self.request
-        since = _headers.seconds_or_none(getattr(request, _headers.WAITING_SINCE, None)) or time.time()
-        waits = _headers.token_or_none(getattr(request, _headers.WAITS, None)) or 0
+        since = _headers.seconds(request, _headers.WAITING_SINCE) or time.time()
+        waits = _headers.whole(request, _headers.WAITS) or 0
         waited = time.time() - since
         if request.is_eager or waited >= config.store_wait:
             log.error(
@@ -244,7 +244,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         request = self.request
         if request.is_eager:  # apply() has no queue to go back to
             raise Ignore()
-        looks = _headers.token_or_none(getattr(request, _headers.LOOKS, None)) or 0
+        looks = _headers.whole(request, _headers.LOOKS) or 0
         countdown = config.policy.look_again_countdown(held.expires_in, looks)
         log.info("fence: %s[%s] looks at %s again in %.1fs", self.name, request.id, held.key, countdown)
         self._send_again(countdown, {_headers.LOOKS: looks + 1})
