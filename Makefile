@@ -19,9 +19,10 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 # Everything but the soaks and the contract suites on the clusters, then the packaging check; CI runs
 # this. The chaos tests size themselves by FENCE_SOAK_RUNS. PARALLEL="-n 2 --dist loadfile" runs it in two
 # pytest-xdist workers, each on databases of its own (tests/conftest.py): about 12 minutes instead of 20.
-# Not the default: in one of three such runs a contract test's forked child hung, reading a Redis socket
-# it inherited (multiprocessing's fork runs Celery's after-fork hooks for the apps that worker's earlier
-# tests made), so the order of one process, green in every run, stays what CI runs.
+# Not the default: in one of three such runs a contract test's forked child hung. multiprocessing's fork
+# ran kombu's after-fork cleanup of a broker pool an earlier test in that worker had left open, and the
+# cleanup read a Redis socket inherited with a BRPOP in flight. One process runs the contract tests before
+# any in-process worker exists, green in every run, so that stays what CI runs.
 PARALLEL ?=
 test: venv
 	$(PYTEST) $(PARALLEL) -m "not soak and not etcd_cluster and not cluster_full" $(ARGS)
