@@ -12,7 +12,9 @@ stops wasted work early. How a body is interrupted depends on where it runs:
 
 An interruption never outlives the run's body: ``fire`` sets it under the same lock that ``disarm`` takes,
 and ``disarm`` cancels an asynchronous exception still pending for its thread, so none can land in the
-completion, Celery's tracer or the next task.
+completion, Celery's tracer or the next task. A run is interrupted at most once per arming (as Celery raises
+``SoftTimeLimitExceeded`` once): the interruption may land inside ``disarm`` before it unarms, and a second
+one could then land after the body was left.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Interrupter:
 
     def __init__(self) -> None:
         self._armed: dict[int, Any] = {}  # thread ident -> the armed run's fence
-        self._fired: set[int] = set()  # threads with an asynchronous exception set while armed
+        self._fired: set[int] = set()  # threads interrupted during their current arming
         self._lock = threading.RLock()  # the signal handler may run in a thread that holds it
         self._installed = False
 
@@ -54,26 +56,28 @@ class Interrupter:
             self._install_handler()
         with self._lock:
             self._armed[ident] = fence
+            # The last arming's interruption was either raised or cancelled by its disarm: none is pending.
+            self._fired.discard(ident)
         return ident
 
     def disarm(self, ident: int) -> None:
         """Called by the run's own thread as it leaves the body; afterwards nothing is raised into it."""
         with self._lock:
             self._armed.pop(ident, None)
-            if ident in self._fired:  # set but maybe not raised yet: cancel it
+            if ident in self._fired:  # set but maybe not raised yet: cancel it (a no-op after a signal)
                 self._fired.discard(ident)
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
 
     def fire(self, ident: int, fence: Any) -> None:
         with self._lock:  # held across the raise, so disarm cannot slip in between the check and it
-            if self._armed.get(ident) is not fence:
-                return  # that run already left its body
+            if self._armed.get(ident) is not fence or ident in self._fired:
+                return  # that run already left its body, or was interrupted once already
+            self._fired.add(ident)
             if ident == threading.main_thread().ident:
                 signal.pthread_kill(ident, SIGNAL)  # the handler checks the armed run under this lock
             else:
                 exc = ctypes.py_object(LeaseLostInterrupt)
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), exc)
-                self._fired.add(ident)
 
     def fire_for(self, fence: Any) -> None:
         """Interrupt the thread whose armed run is ``fence`` (nothing if it is not armed)."""

@@ -71,6 +71,43 @@ def test_a_lost_lease_interrupts_a_pool_thread() -> None:
     assert not thread.is_alive() and isinstance(outcome.get("raised"), LeaseLost)
 
 
+def test_a_run_is_interrupted_once_per_arming() -> None:
+    """The interruption may land inside disarm() before it unarms (CI saw it); a second one fired then would
+    land after the body was left. So a run is interrupted once, as Celery raises SoftTimeLimitExceeded once:
+    a body that swallows the first runs on to its next check()."""
+    interrupter, fence, interrupts = Interrupter(), _fence(), []
+    armed, caught, fired_again = threading.Event(), threading.Event(), threading.Event()
+    fence.mark_lost("taken over")
+
+    def body() -> None:  # every spin inside the try: an asynchronous exception lands at a loop's back jump
+        ident, spins, done = None, 0, False
+        while not done:
+            try:
+                if ident is None:
+                    ident = interrupter.arm(fence)
+                    armed.set()
+                while spins < 100_000:
+                    if fired_again.is_set():
+                        spins += 1  # still armed: a second interruption would land here
+                    sum(range(20))
+                done = True
+            except LeaseLost as exc:
+                interrupts.append(exc)
+                caught.set()
+        assert ident is not None
+        interrupter.disarm(ident)
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    assert armed.wait(10)
+    interrupter.fire(thread.ident or 0, fence)
+    assert caught.wait(10)
+    interrupter.fire(thread.ident or 0, fence)
+    fired_again.set()
+    thread.join(10)
+    assert not thread.is_alive() and len(interrupts) == 1, interrupts
+
+
 def test_an_interrupt_never_lands_after_the_body_was_left() -> None:
     """Review point 8: the threads pool's async exception was set after the armed check, outside the lock,
     so it could land after the run left its body (in the completion, the tracer, the next task). Fired
@@ -82,21 +119,25 @@ def test_an_interrupt_never_lands_after_the_body_was_left() -> None:
     stop, counts = threading.Event(), {"inside": 0, "outside": 0}
 
     def pool_thread() -> None:
-        for _ in range(100_000):
-            try:
-                ident = current["ident"] = threading.get_ident()
-                try:  # the run's own handling: arming, the body, and its disarm on the way out
-                    try:
-                        interrupter.arm(fence)
-                        sum(range(20))
-                    finally:
-                        interrupter.disarm(ident)
+        try:
+            for _ in range(100_000):
+                try:
+                    ident = current["ident"] = threading.get_ident()
+                    try:  # the run's own handling: arming, the body, and its disarm on the way out
+                        try:
+                            interrupter.arm(fence)
+                            sum(range(20))
+                        finally:
+                            interrupter.disarm(ident)
+                    except LeaseLost:
+                        counts["inside"] += 1
+                    sum(range(20))  # after the body: the completion, the tracer, the next task
                 except LeaseLost:
-                    counts["inside"] += 1
-                sum(range(20))  # after the body: the completion, the tracer, the next task
-            except LeaseLost:
-                counts["outside"] += 1
-        stop.set()
+                    counts["outside"] += 1
+        except LeaseLost:  # landed on the loop's back jump, also after the body
+            counts["outside"] += 1
+        finally:
+            stop.set()
 
     def renewer_thread() -> None:
         while not stop.is_set():
