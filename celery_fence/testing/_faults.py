@@ -140,7 +140,13 @@ class Worker:
         Fails if the worker never answers: remote control needs a transport that has it (Redis, AMQP,
         filesystem with a ``control_folder``; not ``sqla``) and a main process free to answer (not solo).
         """
-        inspector = self.app.control.inspect(destination=[self.nodename], timeout=1.0)
+        # limit=1: the one reply ends the wait (not the whole timeout). Its own connection, closed below: a
+        # pooled one could go back with a BRPOP for the reply still in flight, and the after-fork cleanup of
+        # any process this one forks later reads that shared socket and hangs.
+        connection = self.app.connection_for_write()
+        inspector = self.app.control.inspect(
+            destination=[self.nodename], timeout=1.0, limit=1, connection=connection
+        )
         answered, error = False, None
 
         def find() -> int | None:
@@ -163,6 +169,8 @@ class Worker:
                 f"(last error: {error!r}): pid_of needs remote control (a transport that has it, no "
                 f"--without-control, and a pool other than solo; this worker runs -P {self.pool})"
             ) from error
+        finally:
+            connection.close()
 
     def terminate(self) -> None:
         """Begin a warm shutdown: SIGCONT the group (a stopped process never sees a TERM), SIGTERM the main

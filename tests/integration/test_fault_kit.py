@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import socket
 import subprocess
@@ -171,15 +172,33 @@ def test_pid_of_on_the_threads_pool_is_the_worker_itself(
     assert result.get(timeout=30)["pid"] == worker.pid
 
 
-def test_pid_of_fails_clearly_when_the_worker_cannot_answer(
+def _nothing() -> None:
+    pass
+
+
+def test_pid_of_fails_clearly_when_the_worker_cannot_answer_and_leaves_nothing_in_flight(
     cluster: Cluster, fence_worker: WorkerFactory
 ) -> None:
-    """The solo pool's main process runs the task, so nobody answers remote control meanwhile."""
+    """The solo pool's main process runs the task, so nobody answers remote control meanwhile. The wait
+    for the reply ended on its timeout with a BRPOP in flight: on a pooled connection, the after-fork
+    cleanup of the first process forked later read its reply, and the second hung on the shared socket
+    (seen in a two-worker CI run). pid_of closes its own connection: forked processes exit."""
     worker = fence_worker(APP, name="s", queues=cluster.queue, pool="solo", env=cluster.env)
     result = record.apply_async(("pid",), {"pause": 4.0}, queue=cluster.queue)
     wait_for(lambda: marks(cluster.workdir, result.id, "started"), 10, "the run to start")
     with pytest.raises(AssertionError, match="never answered"):
         worker.pid_of(result.id, timeout=1.5)
+    forked = [multiprocessing.get_context("fork").Process(target=_nothing) for _ in range(2)]
+    try:
+        for process in forked:
+            process.start()
+            process.join(10)
+        assert [process.exitcode for process in forked] == [0, 0]
+    finally:
+        for process in forked:
+            if process.pid is not None and process.exitcode is None:
+                process.kill()
+                process.join(5)
     assert result.get(timeout=30)["item"] == "pid"
 
 
