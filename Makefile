@@ -17,13 +17,12 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 # Everything but the soaks and the contract suites on the clusters, then the packaging check; CI runs
-# this. The chaos tests size themselves by FENCE_SOAK_RUNS. PARALLEL="-n 2 --dist loadfile" runs it in two
-# pytest-xdist workers, each on databases of its own (tests/conftest.py): about 12 minutes instead of 20.
-# Not the default: in one of three such runs a contract test's forked child hung. multiprocessing's fork
-# ran kombu's after-fork cleanup of a broker pool an earlier test in that worker had left open, and the
-# cleanup read a Redis socket inherited with a BRPOP in flight. One process runs the contract tests before
-# any in-process worker exists, green in every run, so that stays what CI runs.
-PARALLEL ?=
+# this. The chaos tests size themselves by FENCE_SOAK_RUNS. Two pytest-xdist workers (a file stays in one
+# worker), each on databases of its own (tests/conftest.py): about 12 minutes instead of 22. PARALLEL= runs
+# it in one process. (A two-worker run once hung: the fault kit's pid_of left a reply BRPOP in flight on a
+# pooled connection and a forked child's after-fork cleanup read the shared socket. Fixed in pid_of, with a
+# test that forks after it.)
+PARALLEL ?= -n 2 --dist loadfile
 test: venv
 	$(PYTEST) $(PARALLEL) -m "not soak and not etcd_cluster and not cluster_full" $(ARGS)
 	$(MAKE) pkg
