@@ -125,6 +125,17 @@ def test_one_statement_per_operation(sql: SQLStore) -> None:
     print(f"\n{sql.dialect}: acquire 1, renew of 1/100/1000 leases 1, complete 1, release 1 statement")
 
 
+def test_a_takeover_draws_one_token(sql: SQLStore) -> None:
+    """INSERT ... ON CONFLICT DO UPDATE takes the token its INSERT drew (excluded.token): drawing another in
+    the UPDATE burned a sequence value per takeover."""
+    sql.migrate()
+    first = sql.acquire("taken", "a", TTL)
+    _expire(sql)
+    taken_over = sql.acquire("taken", "b", TTL)
+    fresh = sql.acquire("fresh", "c", TTL)
+    assert (taken_over.token, fresh.token) == (first.token + 1, first.token + 2)
+
+
 def test_fenced_transaction_commits_with_the_current_token(sql: SQLStore, effects: str) -> None:
     lease = sql.acquire("k", "a", TTL)
     with sql.transaction(lease) as conn:

@@ -131,7 +131,7 @@ def queries_for(dialect_name: str) -> Queries:
             SELECT :key, {d.next_token}, :owner, {d.now} + :ttl, false, :run, 0, 'acquire', {d.self_logged}
             {d.probe_where}
             ON CONFLICT (key) DO UPDATE SET
-              token = {d.next_token}, owner = excluded.owner, expires_at = {d.now} + :ttl,
+              token = excluded.token, owner = excluded.owner, expires_at = {d.now} + :ttl,
               run = excluded.run, detail = excluded.detail, dead = NULL,
               recoveries = fence_leases.recoveries
                 + CASE WHEN fence_leases.recovery_sent > 0 THEN 1 ELSE 0 END,
