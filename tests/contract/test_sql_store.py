@@ -22,6 +22,7 @@ from celery_fence import (
     TokenRewound,
     open_store,
 )
+from celery_fence.fence import Fence
 from celery_fence.stores.sql import SQLStore
 from celery_fence.stores.sql.engine import SessionLimits
 
@@ -123,6 +124,26 @@ def test_one_statement_per_operation(sql: SQLStore) -> None:
     assert counter.count(sql.release, leases[1]) == 1
     assert counter.count(sql.renew, leases[1:3], TTL) == 2  # a lost lease adds the one that records it
     print(f"\n{sql.dialect}: acquire 1, renew of 1/100/1000 leases 1, complete 1, release 1 statement")
+
+
+def test_a_runs_transaction_opens_with_one_statement(sql: SQLStore) -> None:
+    """The guard that checks and locks the lease row also sets PostgreSQL's idle timeout for the run's
+    transaction (set_config in its RETURNING): a SET LOCAL before it was a round trip of its own."""
+    sql.migrate()
+    fence = Fence(sql, sql.acquire("opens", "w", TTL), None, TTL)
+    counter, opened, idle = StatementCounter(sql), [], []
+    setting = "SELECT setting FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'"
+
+    def open_it() -> None:
+        with fence.transaction() as conn:  # what follows the transaction's BEGIN (SQLite: BEGIN IMMEDIATE)
+            opened.append(len([q for q in counter.statements if not q.startswith("BEGIN")]))
+            if sql.dialect == "postgresql":
+                idle.append(conn.exec_driver_sql(setting).scalar())
+
+    counter.count(open_it)
+    fence.abort()
+    assert opened == [1], counter.statements
+    assert idle == ([str(int(TTL * 1000))] if sql.dialect == "postgresql" else [])
 
 
 def test_a_takeover_draws_one_token(sql: SQLStore) -> None:

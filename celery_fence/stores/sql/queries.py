@@ -50,6 +50,9 @@ class _Dialect:
     # PostgreSQL's acquire and complete write their own history line (schema.SELF_LOGGED); SQLite's
     # triggers are cheap and its CTEs cannot modify data.
     self_logged: str = "NULL"
+    # Returned by the guard that opens a run's transaction: on PostgreSQL it sets the transaction's idle
+    # timeout (:idle_ms) in the same round trip, which a SET LOCAL before it took one of its own.
+    idle_timeout: str = ""
 
     def logged(self, change: str, returning: str, probe: str = "") -> str:
         """``change`` (an INSERT or UPDATE of one lease row) returning ``returning``, with its history line
@@ -79,6 +82,7 @@ _POSTGRES = _Dialect(
     probe="WITH probe AS (SELECT 1 FROM fence_leases WHERE key = :key FOR UPDATE NOWAIT)",
     probe_where="WHERE (SELECT count(*) FROM probe) >= 0",
     self_logged=f"({SELF_LOGGED})",
+    idle_timeout=", set_config('idle_in_transaction_session_timeout', CAST(:idle_ms AS text), true)",
 )
 _SQLITE = _Dialect(
     now="((julianday('now') - 2440587.5) * 86400.0)",
@@ -98,6 +102,7 @@ class Queries:
     complete: TextClause
     release: TextClause
     guard: TextClause
+    open_guard: TextClause
     insert_step: TextClause
     steps: TextClause
     log: TextClause
@@ -157,6 +162,9 @@ def queries_for(dialect_name: str) -> Queries:
         guard=text(f"""
             UPDATE fence_leases SET event = :event, detail = :detail
             WHERE {_CURRENT} RETURNING token"""),
+        open_guard=text(f"""
+            UPDATE fence_leases SET event = :event, detail = :detail
+            WHERE {_CURRENT} RETURNING token{d.idle_timeout}"""),
         insert_step=text(f"""
             INSERT INTO fence_steps (key, name, token, value, at)
             VALUES (:key, :name, :token, :value, {d.now})"""),

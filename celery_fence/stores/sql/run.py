@@ -118,10 +118,8 @@ class RunTransaction:
             conn = store.engine.connect()
             try:
                 self._tx = conn.begin()
-                if store.dialect == "postgresql":  # a paused holder blocks a takeover for one ttl at most
-                    ms = max(1, int(ttl * 1000))
-                    conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {ms}")
-                current = store.guard(conn, self.lease, "step" if step else "write", step)
+                idle_ms = max(1, int(ttl * 1000))  # a paused holder blocks a takeover for one ttl at most
+                current = store.guard(conn, self.lease, "step" if step else "write", step, idle_ms)
             except BaseException:
                 conn.close()
                 raise

@@ -222,9 +222,15 @@ class SQLStore(SQLRecovery):
 
     # -- internals --
 
-    def guard(self, conn: Connection, lease: Lease, event: str, detail: str | None) -> bool:
+    def guard(
+        self, conn: Connection, lease: Lease, event: str, detail: str | None, idle_ms: int | None = None
+    ) -> bool:
+        """Check and lock the lease row for the rest of ``conn``'s transaction. ``idle_ms``: the guard opens
+        a run's transaction, which a server that can (PostgreSQL) ends if it idles that long."""
         params = {"key": lease.key, "token": lease.token, "event": event, "detail": detail}
-        return conn.execute(self.q.guard, params).first() is not None
+        params["idle_ms"] = idle_ms
+        query = self.q.guard if idle_ms is None else self.q.open_guard
+        return conn.execute(query, params).first() is not None
 
     def _refused(self, conn: Connection, lease: Lease, what: str) -> None:
         conn.execute(self.q.log, self.event_params(lease, "refused", detail=what))
