@@ -240,7 +240,7 @@ INDETERMINATE = json.dumps(
 )
 
 
-@pytest.mark.parametrize("cluster", every_store("postgresql", "sqlite", "redis"), indirect=True)
+@pytest.mark.parametrize("cluster", every_store(), indirect=True)
 def test_indeterminate_outcomes(cluster: Cluster, request: pytest.FixtureRequest) -> None:
     """Store calls that fail before acting or act and lose their reply, at every point of a run: each key
     ends with one ledger row committed (with the completion, on SQL) and one completion, every caller gets
