@@ -59,27 +59,30 @@ def _nodes(netloc: str) -> list[tuple[str, int]]:
 @contextmanager
 def translated(url: str) -> Iterator[None]:
     """The one boundary where redis-py exceptions become celery-fence errors (``raise from``)."""
-    where = f"fence store {mask_url(url)}"
     try:
         yield
     except errors.FenceError:
         raise
-    except (redis.AuthenticationError, redis.exceptions.AuthorizationError, NoPermissionError) as exc:
-        raise errors.ConfigurationError(f"{where} refused the credentials: {exc}") from exc
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except (redis.RedisError, RedisClusterException, UnicodeEncodeError) as exc:
+        raise _translate(f"fence store {mask_url(url)}", exc) from exc  # the URL masked on failure only
+
+
+def _translate(where: str, exc: Exception) -> errors.FenceError:
+    if isinstance(exc, (redis.AuthenticationError, redis.exceptions.AuthorizationError, NoPermissionError)):
+        return errors.ConfigurationError(f"{where} refused the credentials: {exc}")
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         fix = "check that Redis runs and is reachable there, or fix fence_store_url"
-        raise errors.StoreUnavailable(f"{where} unavailable: {exc}; {fix}") from exc
-    except (ClusterError, TryAgainError, RedisClusterException) as exc:
+        return errors.StoreUnavailable(f"{where} unavailable: {exc}; {fix}")
+    if isinstance(exc, (ClusterError, TryAgainError, RedisClusterException)):
         # a cluster failing over (CLUSTERDOWN, TRYAGAIN past redis-py's redirects, no node reachable):
         # like a connection error, the call may have acted (a script whose reply was lost)
         fix = "the Redis Cluster is failing over or has no primary for the slot; retry once it has"
-        raise errors.StoreUnavailable(f"{where} unavailable: {exc}; {fix}") from exc
-    except redis.ResponseError as exc:
-        raise _response_error(where, exc) from exc
-    except (redis.DataError, UnicodeEncodeError) as exc:
-        raise errors.InvalidArgument(f"{where} cannot take this argument: {exc}") from exc
-    except redis.RedisError as exc:
-        raise errors.StoreUnavailable(f"{where} failed: {exc}") from exc
+        return errors.StoreUnavailable(f"{where} unavailable: {exc}; {fix}")
+    if isinstance(exc, redis.ResponseError):
+        return _response_error(where, exc)
+    if isinstance(exc, (redis.DataError, UnicodeEncodeError)):
+        return errors.InvalidArgument(f"{where} cannot take this argument: {exc}")
+    return errors.StoreUnavailable(f"{where} failed: {exc}")
 
 
 def _response_error(where: str, exc: redis.ResponseError) -> errors.FenceError:
