@@ -5,6 +5,7 @@ worker at a time cluster-wide: :mod:`celery_fence.worker.election`; ``--no-fence
 
 from __future__ import annotations
 
+import atexit
 import logging
 import shutil
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import Any, ClassVar
 import click
 from celery import bootsteps, current_app
 
+from .._process import forget_in_child
 from .._runtime import runtime_for, settle_at_exit
 from ..config import metrics_addr, metrics_port
 from ..errors import ConfigurationError, StoreUnavailable
@@ -139,12 +141,14 @@ class FenceMetricsServer(bootsteps.StartStopStep):  # type: ignore[misc]
         **kwargs: Any,
     ) -> None:
         self.server: Any = None
-        self.folder: str | None = None
+        self.folder: _FolderOfThisProcess | None = None
         try:  # a bad port, or no prometheus_client: one line, before the pool forks
             self.port, self.addr = _endpoint(worker.app.conf, fence_metrics_port, fence_metrics_addr)
             self.enabled = self.port is not None
             if self.enabled:
-                self.folder = prepare_multiprocess()
+                created = prepare_multiprocess()
+                if created is not None:
+                    self.folder = _FolderOfThisProcess(created)
                 self.metrics = FenceMetrics().connect(worker.app)  # children inherit the receivers
         except ConfigurationError as exc:
             stop_worker(exc)
@@ -168,10 +172,27 @@ class FenceMetricsServer(bootsteps.StartStopStep):  # type: ignore[misc]
             self.server.server_close()
             self.server = None
 
-    def shutdown(self, worker: Any) -> None:
-        self.stop(worker)
-        if self.folder is not None:  # ours: nobody else reads it
-            shutil.rmtree(self.folder, ignore_errors=True)
+    terminate = stop  # a cold shutdown: Celery calls terminate, which StartStopStep sends only to an ``obj``
+
+
+class _FolderOfThisProcess:
+    """The metrics folder ``prepare_multiprocess`` made for this worker, removed when its main process exits:
+    after the pool stopped writing there, whether the worker stopped or never fully started. Celery never
+    calls a worker step's ``shutdown``, so a removal there left one folder in the temp dir per worker. A
+    forked pool process inherits the exit hook; the folder is not its to remove."""
+
+    def __init__(self, path: str) -> None:
+        self.path: str | None = path
+        forget_in_child(self)
+        atexit.register(self.remove)
+
+    def forget_after_fork(self) -> None:
+        self.path = None
+
+    def remove(self) -> None:
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path = None
 
 
 def _endpoint(conf: Any, port: int | None, addr: str | None) -> tuple[int | None, str]:

@@ -60,8 +60,10 @@ def paused_run_taken_over(cluster: Cluster) -> str:
 
 @pytest.mark.parametrize("cluster", on_every_store(ttl="2"), indirect=True)
 def test_a_prefork_worker_serves_its_fence_counters(cluster: Cluster) -> None:
-    port = free_port()
-    cluster.worker("m", concurrency=2, extra=("--fence-metrics-port", str(port)))
+    port, tmp = free_port(), cluster.workdir / "tmp-m"  # the worker's temp dir: its metrics folder goes there
+    tmp.mkdir()
+    metrics = ("--fence-metrics-port", str(port))
+    worker = cluster.worker("m", env={"TMPDIR": str(tmp)}, concurrency=2, extra=metrics)
     done = [record.apply_async((f"item-{i}",), {"pause": 1.5 if i == 0 else 0.0}) for i in range(3)]
     for result in done:
         result.get(timeout=30)
@@ -90,3 +92,6 @@ def test_a_prefork_worker_serves_its_fence_counters(cluster: Cluster) -> None:
     assert value(text, "renewed_total") >= 1  # the 1.5 s run outlives a renew interval (2 s ttl / 3)
     assert value(text, "recovered_total") == 0
     assert 'key="' not in text and 'token="' not in text and abandoned not in text  # low cardinality
+    assert len(list(tmp.glob("celery-fence-metrics-*"))) == 1
+    worker.stop()
+    assert list(tmp.glob("celery-fence-metrics-*")) == []  # removed when the worker's main process exited

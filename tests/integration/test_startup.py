@@ -191,8 +191,11 @@ def test_a_metrics_port_in_use_is_one_line(cluster: Cluster) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         args = ("--fence-metrics-port", str(port), "--fence-metrics-addr", "127.0.0.1")
-        done = start_refused(cluster, {}, args=args)
+        tmp = cluster.workdir / "tmp-refused"  # the worker's temp dir, where its metrics folder goes
+        tmp.mkdir()
+        done = start_refused(cluster, {"TMPDIR": str(tmp)}, args=args)
     assert done.returncode != 0
+    assert list(tmp.glob("celery-fence-metrics-*")) == []  # the metrics folder it made is gone with it
     assert said(done.stderr, "CRITICAL") == [
         f"fence_metrics_port (--fence-metrics-port) {port}: cannot serve metrics on 127.0.0.1:{port}: "
         "Address already in use; choose a free port"
