@@ -2,7 +2,10 @@
 
 A run goes acquire -> body -> complete. At each step something happens (:class:`Event`) and, when that alone
 cannot say what it means, the run reads the key's state and classifies it (:class:`View`, by
-:func:`view_of`). :func:`decide` maps the two to what the run does next (:class:`Action`). Every store call
+:func:`view_of`). :func:`decide` maps the two to what the run does next (:class:`Action`). The events are
+what the store answered and what the body and Celery did (DESIGN.md §3 "every exit"): the body returned,
+raised, retried, rejected, ignored, caught the failure of its first ``transaction()`` block, or was
+interrupted (a time limit, ``SystemExit``) before, during or after its completion. Every store call
 has three outcomes, treated apart: answered, failed before the store acted, and unknown (sent, reply lost);
 the last two arrive here as the same ``*_UNKNOWN`` event, because a client cannot tell them apart, and the
 rows for them are the ones that must hold either way: an unknown outcome is resolved by reading the
@@ -27,13 +30,23 @@ class Event(enum.Enum):
     FINISHED = "finished"  # acquire: the key is done (AlreadyDone)
     HELD = "held"  # acquire: a live lease elsewhere (LeaseHeld)
     ACQUIRE_UNKNOWN = "acquire unknown"  # acquire raised StoreUnavailable after its retries
+    ENDED_BEFORE = "ended before"  # acquired by takeover, but this task id already ended FAILURE
     RETURNED = "returned"  # the body returned: complete next
-    RAISED = "raised"  # the body raised (an ordinary exception, or Celery's Retry)
+    RETURNED_BLOCK_UNDONE = "returned, block undone"  # ... after catching its first transaction() block's
+    # failure: that block rolled the run's transaction back, nothing else was in it
+    RETURNED_WORK_LOST = "returned, work lost"  # ... but the run's transaction was lost with earlier blocks
+    RAISED = "raised"  # the body raised an ordinary exception (Celery stores FAILURE)
+    RETRIED = "retried"  # the body called self.retry() with retries left (Retry: Celery sent the copy)
+    REJECTED = "rejected"  # the body raised Reject
+    IGNORED = "ignored"  # the body raised Ignore
+    INTERRUPTED = "interrupted"  # a time limit or another BaseException hit the body
     REFUSED = "refused"  # LeaseLost or StaleToken left the body
     BODY_UNKNOWN = "body unknown"  # StoreUnavailable left the body: a fenced write's outcome is unknown
     COMPLETED = "completed"  # complete answered: committed
+    COMPLETED_INTERRUPTED = "completed, interrupted"  # an interruption landed after complete answered
     COMPLETE_REFUSED = "complete refused"  # complete answered StaleToken
     COMPLETE_UNKNOWN = "complete unknown"  # complete raised StoreUnavailable: committed or not, unknown
+    COMPLETE_INTERRUPTED = "complete interrupted"  # an interruption landed while complete's reply was due
 
 
 class View(enum.Enum):
@@ -72,6 +85,7 @@ class Action(enum.Enum):
     REFUSE_REQUEUE = "refuse, requeue"  # refused, but nobody took over: run again
     REFUSE_WINNER = "refuse, winner's result"  # refused: another task id finished the key
     REFUSE_SUPERSEDED = "refuse, superseded"  # refused: another task id holds the key
+    END_UNRUN = "end unrun"  # give the lease back and end without running (Ignore): nothing more to do
 
 
 @dataclass(frozen=True)
@@ -91,10 +105,20 @@ class Facts:
 _WITHOUT_READ = {
     Event.ACQUIRED: Action.RUN,
     Event.ACQUIRE_UNKNOWN: Action.WAIT_OUT,
+    # Celery reported this task id FAILURE (its errback ran): a copy of it never runs the body again.
+    Event.ENDED_BEFORE: Action.END_UNRUN,
     Event.RETURNED: Action.COMPLETE,
+    Event.RETURNED_BLOCK_UNDONE: Action.COMPLETE,  # the body handled it: nothing else was lost
+    Event.RETURNED_WORK_LOST: Action.REQUEUE,  # completing would commit half a run: run it all again
+    # The body's own endings take Celery's course; the lease is released so the next attempt starts at once.
     Event.RAISED: Action.FAIL,
+    Event.RETRIED: Action.FAIL,
+    Event.REJECTED: Action.FAIL,
+    Event.IGNORED: Action.FAIL,
+    Event.INTERRUPTED: Action.FAIL,
     Event.BODY_UNKNOWN: Action.REQUEUE,  # nothing of a failed transaction committed; a step did or not
     Event.COMPLETED: Action.SUCCEED,
+    Event.COMPLETED_INTERRUPTED: Action.SUCCEED,  # committed: an interruption now cannot undo it
 }
 
 # A run refused (by the renewer, a fenced write, or its completion) ends by who has the key now.
@@ -115,18 +139,11 @@ _REFUSED = {
 
 def decide(facts: Facts) -> Action:
     """The next action of a run: a total function of :class:`Facts` (every combination has an answer)."""
-    event, view = facts.event, facts.view
-    if event in _WITHOUT_READ:
-        return _WITHOUT_READ[event]
-    if view is View.UNREAD and not facts.read_failed:
+    if facts.event in _WITHOUT_READ:
+        return _WITHOUT_READ[facts.event]
+    if facts.view is View.UNREAD and not facts.read_failed:
         return Action.READ
-    if event is Event.FINISHED:
-        return _finished(facts)
-    if event is Event.HELD:
-        return _held(view)
-    if event is Event.REFUSED:
-        return _REFUSED[view]
-    return _completion(facts)  # COMPLETE_REFUSED or COMPLETE_UNKNOWN
+    return _AFTER_READ.get(facts.event, _completion)(facts)  # else COMPLETE_REFUSED or COMPLETE_UNKNOWN
 
 
 def _finished(facts: Facts) -> Action:
@@ -143,7 +160,8 @@ def _finished(facts: Facts) -> Action:
     return Action.ACQUIRE_AGAIN  # pruned meanwhile
 
 
-def _held(view: View) -> Action:
+def _held(facts: Facts) -> Action:
+    view = facts.view
     if view is View.UNREAD:  # unreadable: whoever holds it, fence_on_busy decides
         return Action.BUSY
     if view is View.HANDED_OFF:
@@ -167,6 +185,30 @@ def _completion(facts: Facts) -> Action:
             return Action.REQUEUE
         return Action.CALL_AGAIN
     return _REFUSED[view]
+
+
+def _interrupted(facts: Facts) -> Action:
+    """An interruption while the completion's reply was due: what the store holds says how the run ended."""
+    view = facts.view
+    if view is View.UNREAD:  # unreadable: it may have committed, so never FAILURE; the copy finds out
+        return Action.REQUEUE
+    if view is View.MINE_DONE:
+        return Action.RETURN_STORED  # committed: SUCCESS, whatever interrupted the reply
+    if view in (View.MINE_HELD, View.MINE_FREE):
+        return Action.FAIL  # not committed: the interruption is how this run ended
+    return _REFUSED[view]
+
+
+def _refused(facts: Facts) -> Action:
+    return _REFUSED[facts.view]
+
+
+_AFTER_READ = {
+    Event.FINISHED: _finished,
+    Event.HELD: _held,
+    Event.REFUSED: _refused,
+    Event.COMPLETE_INTERRUPTED: _interrupted,
+}
 
 
 def view_of(

@@ -1,6 +1,8 @@
-"""Records a worker process owes its store: the ``strand`` of each run that gave up waiting out an unavailable
-store (``FencedTask.wait_out``). The store is down when a run gives up, so the record usually cannot be
-written then; the process's :class:`~celery_fence._runtime.FenceRuntime` keeps it and writes it once the
+"""Records a worker process owes its store: the ``strand`` of each run that gave up (an unavailable store
+waited out, the fence's re-sends spent), and the release of each run that ended FAILURE, ``Reject`` or
+``Ignore`` whose release did not reach the store (else its lease would expire and recovery would run it
+again). The store is down when such a run ends, so the record usually cannot be written then; the
+process's :class:`~celery_fence._runtime.FenceRuntime` keeps it and writes it once the
 store answers again (after the next acquire that succeeds in the process), or when it closes. A record still
 owed then is logged at ``ERROR``: never dropped silently.
 """
@@ -15,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import FenceError
+from .lease import Lease
 from .stores import Store
 from .stores.base import RecoveryStore, lacking
 
-__all__ = ["MAX_OWED", "OwedRecords", "Stranded"]
+__all__ = ["MAX_OWED", "OwedRecords", "Released", "Stranded"]
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +30,7 @@ MAX_OWED = 1_000  # records kept per process: a long outage must not grow memory
 
 @dataclass(frozen=True)
 class Stranded:
-    """The record of one run that gave up before it acquired: ``Store.strand(key, run, reason)``."""
+    """The record of one run the fence gave up on: ``Store.strand(key, run, reason)``."""
 
     task_id: str
     key: str
@@ -35,20 +38,39 @@ class Stranded:
     reason: str
 
 
+@dataclass(frozen=True)
+class Released:
+    """The release a run owes after it ended FAILURE, ``Reject`` or ``Ignore``: ``Store.release(lease)``."""
+
+    task_id: str
+    lease: Lease
+
+    @property
+    def key(self) -> str:
+        return self.lease.key
+
+    @property
+    def reason(self) -> str:
+        return f"the release of token {self.lease.token} after the run ended"
+
+
+Owed = Stranded | Released
+
+
 class OwedRecords:
     """The records this process owes its store, oldest first. Thread-safe (the threads pool)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._owed: deque[Stranded] = deque()
+        self._owed: deque[Owed] = deque()
 
     def __len__(self) -> int:
         return len(self._owed)
 
-    def write(self, store: Store, record: Stranded) -> None:
+    def write(self, store: Store, record: Owed) -> None:
         """Write the record now if the store takes it, else keep it owed. A store without the recovery role
-        keeps no such record: said once per run, at WARNING, and nothing is owed."""
-        if lacking(store, RecoveryStore):
+        keeps no give-up record: said once per run, at WARNING, and nothing is owed."""
+        if isinstance(record, Stranded) and lacking(store, RecoveryStore):
             log.warning("fence: the store keeps no give-up records (no recovery role): %s", record.reason)
             return
         if not _written(store, record):
@@ -75,11 +97,11 @@ class OwedRecords:
         while (record := self._pop()) is not None:
             _not_written(record, "the store did not take it before this process closed it")
 
-    def _pop(self) -> Stranded | None:
+    def _pop(self) -> Owed | None:
         with self._lock:
             return self._owed.popleft() if self._owed else None
 
-    def _keep(self, record: Stranded, first: bool = False) -> None:
+    def _keep(self, record: Owed, first: bool = False) -> None:
         with self._lock:
             if first:
                 self._owed.appendleft(record)
@@ -90,19 +112,22 @@ class OwedRecords:
             _not_written(dropped, f"over {MAX_OWED} records owed in this process")
 
 
-def _written(store: Store, record: Stranded) -> bool:
-    """One ``strand`` call; ``False`` if the store did not take it (best effort, as ``run.quietly``)."""
+def _written(store: Store, record: Owed) -> bool:
+    """One ``strand`` or ``release`` call; ``False`` if the store did not take it (best effort)."""
     try:
+        if isinstance(record, Released):
+            store.release(record.lease)  # token-checked: a takeover since makes it a no-op
+            return True
         marked = store.strand(record.key, record.run, record.reason)
     except FenceError as exc:
-        log.warning("fence: strand of %r failed: %s", record.key, exc)
+        log.warning("fence: %s of %r failed: %s", type(record).__name__.lower(), record.key, exc)
         return False
     if not marked:  # someone leased or finished the key meanwhile: its state says more than this record
         log.info("fence: no record of %s written: key %r is no longer free", record.task_id, record.key)
     return True
 
 
-def _not_written(record: Stranded, why: str) -> None:
+def _not_written(record: Owed, why: str) -> None:
     log.error(
         "fence: record not written: %s gave up on key %r (%s); %s",
         record.task_id, record.key, record.reason, why,

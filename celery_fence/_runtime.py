@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from ._failpoints import STORE_FAULTS_ENV
@@ -37,6 +39,10 @@ class FenceRuntime:
         self._lock = threading.Lock()
         self.interrupter = Interrupter()
         self.owed = OwedRecords()  # records of runs that gave up while the store was unavailable
+        # The run's clocks and its sleep, set apart so that a simulation can drive them.
+        self.clock: Callable[[], float] = time.monotonic
+        self.wall: Callable[[], float] = time.time  # epoch seconds: a wait's start, carried in a header
+        self.sleep: Callable[[float], None] = time.sleep
         forget_in_child(self)
 
     def forget_after_fork(self) -> None:
@@ -59,7 +65,7 @@ class FenceRuntime:
             store = self.store
             with self._lock:
                 if self._renewer is None:
-                    self._renewer = Renewer(store, self.config.policy.interval)
+                    self._renewer = Renewer(store, self.config.policy.interval, self.clock)
         return self._renewer
 
     def settle(self) -> None:

@@ -34,6 +34,8 @@ DEFAULTS: dict[str, Any] = {
     "fence_interrupt": False,
     "fence_max_recoveries": 3,
     "fence_store_wait": 600.0,  # seconds a run waits out an unavailable store before its body starts
+    "fence_busy_wait": 3600.0,  # seconds a run polls a key another task id holds (fence_on_busy="retry")
+    "fence_max_resends": 20,  # times the fence sends one task id again after a refusal or unknown outcome
     "fence_send_events": True,
     "fence_recover": True,  # every worker takes part; one at a time runs it (`--no-fence-recover`: off)
     "fence_metrics_port": None,  # or `celery worker --fence-metrics-port`: serve Prometheus metrics
@@ -96,6 +98,12 @@ def check_prune_age(conf: Mapping[str, Any], older_than: float, force: bool = Fa
     return floor
 
 
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
 def _seconds(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < MAX_SECONDS:
         raise ConfigurationError(f"{name} must be a number of seconds >= 0, got {value!r}")
@@ -111,6 +119,8 @@ class FenceConfig:
     max_recoveries: int
     send_events: bool
     store_wait: float = 600.0
+    busy_wait: float = 3600.0
+    max_resends: int = 20
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> FenceConfig:
@@ -125,16 +135,18 @@ class FenceConfig:
         on_busy = get("fence_on_busy")
         if on_busy not in BUSY_POLICIES:
             raise ConfigurationError(f"fence_on_busy must be one of {BUSY_POLICIES}, got {on_busy!r}")
-        max_recoveries = get("fence_max_recoveries")
-        if isinstance(max_recoveries, bool) or not isinstance(max_recoveries, int) or max_recoveries < 0:
-            raise ConfigurationError(f"fence_max_recoveries must be an int >= 0, got {max_recoveries!r}")
+        max_recoveries = _count("fence_max_recoveries", get("fence_max_recoveries"))
+        max_resends = _count("fence_max_resends", get("fence_max_resends"))
         policy = LeasePolicy(get("fence_lease_ttl"), get("fence_renew_interval"))
         metrics_port(conf.get("fence_metrics_port"))  # refused at worker start, not at the first scrape
         metrics_addr(conf.get("fence_metrics_addr"))
         prune_min_age(conf)
         store_wait = _seconds("fence_store_wait", get("fence_store_wait"))
+        busy_wait = _seconds("fence_busy_wait", get("fence_busy_wait"))
         interrupt, send_events = bool(get("fence_interrupt")), bool(get("fence_send_events"))
-        return cls(url, policy, on_busy, interrupt, max_recoveries, send_events, store_wait)
+        return cls(
+            url, policy, on_busy, interrupt, max_recoveries, send_events, store_wait, busy_wait, max_resends
+        )
 
     def with_task_options(
         self, ttl: float | None, on_busy: str | None, interrupt: bool | None
@@ -151,5 +163,7 @@ class FenceConfig:
             "fence_max_recoveries": self.max_recoveries,
             "fence_send_events": self.send_events,
             "fence_store_wait": self.store_wait,
+            "fence_busy_wait": self.busy_wait,
+            "fence_max_resends": self.max_resends,
         }
         return FenceConfig.from_conf(conf)

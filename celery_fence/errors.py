@@ -13,7 +13,8 @@ redis-py, HTTP) are translated at one boundary per store and chained with ``rais
     ├── LeaseHeld                         a live lease on the key is held by another run
     ├── AlreadyDone                       the key finished; ``.result`` holds its stored result
     ├── LeaseLost                         this run's lease was lost (renew refused or local deadline passed)
-    └── StaleToken                        a write carried a token that is no longer current: refused
+    ├── StaleToken                        a write carried a token that is no longer current: refused
+    └── GaveUp                            the fence stopped sending a run again (``fence_max_resends``)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "AlreadyDone",
     "ConfigurationError",
     "FenceError",
+    "GaveUp",
     "InvalidArgument",
     "LeaseHeld",
     "LeaseLost",
@@ -129,3 +131,18 @@ class StaleToken(_WithFields):
     def message(self) -> str:
         now = "unknown" if self.current is None else str(self.current)
         return f"{self.what} refused for key {self.key!r}: token {self.token} is stale (current: {now})"
+
+
+class GaveUp(_WithFields):
+    """The fence sent the run of ``key`` again ``resends`` times (``fence_max_resends``) and stopped: the key
+    is marked given up in the store (``celery fence leases`` shows it) with ``reason``."""
+
+    def __init__(self, key: str, resends: int, reason: str) -> None:
+        self.key, self.resends, self.reason = key, resends, reason
+        super().__init__(key, resends, reason)
+
+    def message(self) -> str:
+        return (
+            f"gave up on key {self.key!r} after {self.resends} re-sends by the fence ({self.reason}); "
+            "raise fence_max_resends, or run the task again once the cause is fixed"
+        )

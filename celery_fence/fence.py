@@ -35,9 +35,15 @@ class Fence:
     """
 
     def __init__(
-        self, store: Store, lease: Lease, heartbeat: Heartbeat | None = None, ttl: float = 30.0
+        self,
+        store: Store,
+        lease: Lease,
+        heartbeat: Heartbeat | None = None,
+        ttl: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
+        self._clock = clock
         self.lease = lease
         self._heartbeat = heartbeat  # the renewer: local deadline; pinned while the transaction is open
         self._ttl = ttl
@@ -74,7 +80,7 @@ class Fence:
         """
         if self._lost is None:
             deadline = None if self._heartbeat is None else self._heartbeat.deadline(self.lease)
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline is not None and self._clock() >= deadline:
                 self.mark_lost("no successful renew before the local deadline")
         if self._lost is not None:
             raise LeaseLost(self.key, self.token, self._lost)
@@ -96,11 +102,25 @@ class Fence:
     @property
     def joined(self) -> bool:
         """Whether the run has an open transaction that its completion commits."""
-        return self._run_tx is not None
+        return self._run_tx is not None and self._run_tx.open
+
+    @property
+    def block_undone(self) -> bool:
+        """The run's first ``transaction()`` block raised and rolled the run's transaction back, and the
+        body went on (it caught the exception): nothing else was in it, so the run may still complete."""
+        return self._run_tx is not None and not self._run_tx.open and not self._run_tx.lost_work
+
+    @property
+    def work_lost(self) -> bool:
+        """The run's transaction ended (a lost connection, a failed later block) with writes of earlier
+        blocks undone: completing now would commit half a run."""
+        return self._run_tx is not None and not self._run_tx.open and self._run_tx.lost_work
 
     def commit(self, result: Any) -> None:
         """Complete the run: in its open transaction (all its writes commit with the result) or, without
         one, in one store operation. ``StoreUnavailable``: the outcome is unknown, read the key."""
+        if self.block_undone:  # the body caught its only block's failure: nothing of it is to commit
+            self.abort()
         run_tx = self._run_tx
         if run_tx is None:
             self.store.complete(self.lease, result)
@@ -143,6 +163,7 @@ class Fence:
         if name in self._steps:
             value: T = copy.deepcopy(self._steps[name])  # callers may mutate what they get
             return value
+        self.check()  # a run that knows its lease is lost does not start a step's effect
         value = codec.loads(codec.dumps(fn(*args, **kwargs)))  # the same value a resumed run will see
         if self._run_tx is not None:  # the lease row is locked by the run's transaction: join it
             self._open_run_transaction().save_step(name, value)
@@ -161,6 +182,7 @@ class Fence:
         if name in self._steps:
             stored: T = copy.deepcopy(self._steps[name])
             return stored
+        self.check()  # a run that knows its lease is lost does not start a step's effect
         if self._run_tx is not None:  # joins the run's transaction: commits with the completion
             run_tx = self._open_run_transaction()
             with run_tx.block() as conn:

@@ -234,6 +234,38 @@ class LeasePolicy:
             return self.interval
         return expires_in
 
+    @property
+    def acquire_pause(self) -> float:
+        """Pause between two acquires of one round when the store did not answer (times the attempt)."""
+        return min(0.5, self.interval / 4)
+
+    @property
+    def read_pause(self) -> float:
+        """Pause before reading the key again, or repeating a completion, when the store did not answer."""
+        return min(1.0, self.interval / 4)
+
+    @staticmethod
+    def round_pause(round_: int) -> float:
+        """Pause before acquiring again when the key changed under us (e.g. a rollback still under way)."""
+        return 0.05 * round_
+
+    @property
+    def await_countdown(self) -> float:
+        """How long a copy of a finished run waits for that run to store SUCCESS before it delivers."""
+        return self.ttl
+
+    def store_wait_countdown(self, waits: int, left: float) -> float:
+        """The delay before the next look at an unavailable store (``waits`` so far, ``left`` seconds of
+        ``fence_store_wait``): the renew interval, doubled each time, at most 60 s."""
+        return min(self.interval * 2.0 ** min(waits, 32), 60.0, left)
+
+    def resend_countdown(self, first: float, resends: int) -> float:
+        """The delay of the fence's ``resends``-th sending again of a run: ``first`` at first, then the
+        renew interval doubled each time, at most 60 s (a refusal that keeps coming is not a busy loop)."""
+        if resends == 0:
+            return first
+        return max(first, min(self.interval * 2.0 ** min(resends - 1, 32), 60.0))
+
     def look_again_countdown(self, expires_in: float | None, looks: int) -> float:
         """Seconds before a copy of a running task id looks at the key again (``looks`` it already had): a
         renew interval, doubled each look, never past the holder's remaining ttl. A holder that ends soon is

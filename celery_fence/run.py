@@ -1,68 +1,55 @@
 """One fenced run, driven through the state machine of :mod:`celery_fence._decide` (DESIGN.md §3).
 
-:class:`Run` makes the store calls, runs the body and asks :func:`~celery_fence._decide.decide` what each
-outcome means; every way a run can end is one of the decide table's actions, carried out here. What is
-Celery's (re-sending a message, ``retry``, ``Ignore``, events and signals) it asks of its task
-(:class:`RunHost`, implemented by ``FencedTask``).
+:class:`Run` makes the store calls, runs the body, asks :func:`~celery_fence._decide.decide` what each
+outcome means (what the store answered and what the body and Celery did), and returns how the run ends as an
+:class:`~celery_fence._ending.Ending`; it raises nothing of Celery's and sends nothing. Its host (the task)
+runs the body, says what the result backend holds, hears what happened, and performs the ending. Every
+pause comes from the :class:`~celery_fence.lease.LeasePolicy` and passes through the runtime's clock and
+sleep, so the whole run can be driven without Celery or real time.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import replace
-from typing import Any, NoReturn, Protocol
+from typing import Any, Protocol
 
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
 
 from ._decide import Action, Event, Facts, View, decide, view_of
+from ._ending import Ending
 from ._failpoints import failpoint
+from ._headers import AWAITED, BUSY_SINCE, LOOKS, RESENDS, WAITING_SINCE, WAITS, Attempt, run_name
+from ._owed import Released, Stranded
 from ._runtime import FenceRuntime
 from .config import FenceConfig
-from .errors import (
-    AlreadyDone,
-    FenceError,
-    LeaseHeld,
-    LeaseLost,
-    StaleToken,
-    StoreUnavailable,
-)
+from .errors import AlreadyDone, FenceError, GaveUp, LeaseHeld, LeaseLost, StaleToken, StoreUnavailable
 from .fence import Fence
 from .lease import Lease, LeaseState
 from .renewer import OnLost, OnRenewed
 
-__all__ = ["Run", "RunHost", "decide", "quietly"]
+__all__ = ["FAILED_STATES", "Run", "RunHost", "decide", "quietly"]
 
 log = logging.getLogger(__name__)
 
 ACQUIRE_ATTEMPTS = 3  # acquire calls per round when the store does not answer (same owner each time)
 ACQUIRE_ROUNDS = 5  # acquire -> read -> acquire again, when the key changes under us
+FAILED_STATES = frozenset({"FAILURE", "REVOKED"})  # a task id Celery reported ended without success
 
 
 class RunHost(Protocol):
-    """What a run needs of its Celery task (``FencedTask``)."""
-
-    request: Any
+    """What a run needs of its task: the body, the result backend's word, and someone to tell."""
 
     def body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
-    def started(self, fence: Fence) -> tuple[OnLost, OnRenewed]: ...
-    def ended(self, fence: Fence) -> None: ...
-    def duplicate(self, key: str, token: int, reason: str) -> None: ...
-    def refused(self, fence: Fence, reason: str) -> None: ...
-    def delivered(self) -> bool | None: ...
-    def requeue(
-        self, countdown: float, handing_back: Lease | None = None, cause: BaseException | None = None
-    ) -> NoReturn: ...
-    def busy(self, held: LeaseHeld, config: FenceConfig) -> Any: ...
-    def look_again(self, held: LeaseHeld, config: FenceConfig) -> NoReturn: ...
-    def await_delivery(self, key: str, token: int, config: FenceConfig) -> NoReturn: ...
-    def wait_out(self, exc: StoreUnavailable, config: FenceConfig, key: str, run_info: Any) -> NoReturn: ...
-    def superseded(self, fence: Fence, state: LeaseState | None) -> NoReturn: ...
+    def outcome(self) -> str | None: ...  # this task id's state in the result backend; None: nothing tells
+    def acquired(self, fence: Fence) -> None: ...
+    def released(self, fence: Fence) -> None: ...
+    def report(self, what: str, key: str, token: int, **fields: Any) -> None: ...
 
 
 class Run:
-    """One delivery of a fenced task: acquire, run, complete, and end as the decide table says."""
+    """One delivery of a fenced task: acquire, run, complete, and say how it ends."""
 
     def __init__(
         self,
@@ -71,41 +58,58 @@ class Run:
         config: FenceConfig,
         key: str,
         run_info: Any,
-        handoff: int | None,
-        awaited: int | None = None,
+        attempt: Attempt,
     ) -> None:
-        self.host, self.runtime, self.config = host, runtime, config
+        self.host, self.runtime, self.config, self.policy = host, runtime, config, config.policy
         self.store = runtime.store
-        self.key, self.run_info, self.handoff, self.awaited = key, run_info, handoff, awaited
-        self.task_id: str = host.request.id
+        self.key, self.run_info, self.attempt = key, run_info, attempt
+        self.clock, self.sleep = runtime.clock, runtime.sleep
+        self.name = run_name(attempt)
         self.state: LeaseState | None = None  # the last read of the key
+        self.committed: tuple[Any] | None = None  # (result,) once the completion answered
+
+    def execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ending:
+        try:
+            return self._execute(args, kwargs)
+        except Exception:
+            if self.committed is None:
+                raise
+            # An interruption (a time limit) after the completion answered: the run succeeded all the same.
+            log.warning("fence: %s was interrupted after its completion committed: SUCCESS", self.key)
+            return self._end(decide(Facts(Event.COMPLETED_INTERRUPTED)), None, self.committed[0])
 
     # -- acquire --
 
-    def execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ending:
         owner = self.runtime.new_owner()
         failpoint("before-acquire")
         for round_ in range(1, ACQUIRE_ROUNDS + 1):
             facts, lease, sent_at, problem = self._acquire(owner)
+            if lease is not None and lease.taken_over and self.host.outcome() in FAILED_STATES:
+                facts = Facts(Event.ENDED_BEFORE)
             action = self._decide(facts, token=0)
             if action is Action.RUN:
                 assert lease is not None
                 return self._run(lease, sent_at, args, kwargs)
+            if action is Action.END_UNRUN:
+                assert lease is not None
+                log.warning("fence: %s ended FAILURE before: not run again", self.name)
+                return self._released(Ending.ignoring(), lease)
             if action is Action.TAKE_BACK:
                 self._take_back()
             elif action is not Action.ACQUIRE_AGAIN:
                 return self._end_unrun(action, problem)
-            time.sleep(0.05 * round_)  # e.g. the earlier attempt is still rolling its transaction back
+            self.sleep(self.policy.round_pause(round_))
         # The key kept changing under us: whoever holds it now, fence_on_busy decides.
-        return self.host.busy(LeaseHeld(self.key, None, None), self.config)
+        return self._busy(LeaseHeld(self.key, None, None))
 
     def _acquire(self, owner: str) -> tuple[Facts, Lease | None, float, FenceError | None]:
         """One acquire, repeating a store hiccup with the same owner: an acquire that committed but whose
         answer was lost is found again (a store returns its own owner's live lease)."""
         for attempt in range(ACQUIRE_ATTEMPTS):
-            sent_at = time.monotonic()
+            sent_at = self.clock()
             try:
-                lease = self.store.acquire(self.key, owner, self.config.policy.ttl, self.run_info)
+                lease = self.store.acquire(self.key, owner, self.policy.ttl, self.run_info)
                 failpoint("after-acquire")
                 return Facts(Event.ACQUIRED), lease, sent_at, None
             except AlreadyDone as done:
@@ -115,7 +119,7 @@ class Run:
             except StoreUnavailable as exc:
                 if attempt == ACQUIRE_ATTEMPTS - 1:
                     return Facts(Event.ACQUIRE_UNKNOWN), None, sent_at, exc
-                time.sleep(min(0.5, self.config.policy.interval / 4) * (attempt + 1))
+                self.sleep(self.policy.acquire_pause * (attempt + 1))
         raise AssertionError("unreachable")
 
     def _take_back(self) -> None:
@@ -125,40 +129,84 @@ class Run:
         assert state is not None
         try:
             self.store.release(Lease(self.key, state.token, state.owner or ""))
-            log.info("fence: %s took %s back from its earlier attempt", self.task_id, self.key)
+            log.info("fence: %s took %s back from its earlier attempt", self.name, self.key)
         except StoreUnavailable as exc:
             log.warning("fence: could not take %s back from its earlier attempt: %s", self.key, exc)
 
-    def _end_unrun(self, action: Action, problem: FenceError | None) -> Any:
+    def _end_unrun(self, action: Action, problem: FenceError | None) -> Ending:
         state = self.state
         if action is Action.AWAIT_DELIVERY:
             assert state is not None
-            self.host.await_delivery(self.key, state.token, self.config)
+            log.info("fence: %s finished, not delivered yet: looks again later", self.key)
+            return self._send_again(self.policy.await_countdown, {AWAITED: state.token})
         if action is Action.RETURN_STORED:
             token = state.token if state is not None else getattr(problem, "token", 0)
-            self.host.duplicate(self.key, token, "done")
-            return state.result if state is not None else getattr(problem, "result", None)
+            self.host.report("duplicate", self.key, token, reason="done")
+            return Ending.returning(state.result if state is not None else getattr(problem, "result", None))
         if action is Action.ABSORB:
-            self.host.duplicate(self.key, state.token if state else 0, "done")
-            raise Ignore()
+            self.host.report("duplicate", self.key, state.token if state else 0, reason="done")
+            return Ending.ignoring()
         if action is Action.ABSORB_LATER:
             assert isinstance(problem, LeaseHeld)
-            self.host.duplicate(self.key, 0, "held")
-            self.host.look_again(problem, self.config)
+            self.host.report("duplicate", self.key, 0, reason="held")
+            looks = self.attempt.looks
+            countdown = self.policy.look_again_countdown(problem.expires_in, looks)
+            return self._send_again(countdown, {LOOKS: looks + 1})
         if action is Action.WAIT_OUT:
             assert isinstance(problem, StoreUnavailable)
-            self.host.wait_out(problem, self.config, self.key, self.run_info)
+            return self._wait_out(problem)
         assert action is Action.BUSY and isinstance(problem, LeaseHeld), action
         if state is not None and state.owner:  # name the holder, its task id too
             problem = LeaseHeld(self.key, _holder(state), problem.expires_in)
-        return self.host.busy(problem, self.config)
+        return self._busy(problem)
+
+    def _busy(self, held: LeaseHeld) -> Ending:
+        """Another task id holds the key: ``fence_on_busy`` decides. "retry" looks again (sooner than the
+        holder's ttl, no ``max_retries`` spent) until the key is done or ``fence_busy_wait`` has passed."""
+        on_busy = self.config.on_busy
+        if on_busy == "ignore":  # ends ready, never PENDING: the caller learns who holds the key
+            self.host.report("duplicate", held.key, 0, reason="held", detail=str(held))
+            return Ending.ignoring(failure=held)
+        if on_busy == "fail" or self.attempt.eager:  # apply() has no queue to go back to
+            return Ending.raising(held)
+        now = self.runtime.wall()
+        since = self.attempt.busy_since or now
+        if now - since >= self.config.busy_wait:
+            log.error("fence: %s gave up on busy key %r after %.0fs (fence_busy_wait)", self.name, held.key,
+                      now - since)
+            return Ending.raising(held)
+        looks = self.attempt.looks
+        countdown = self.policy.look_again_countdown(held.expires_in, looks)
+        return Ending.sending_again(countdown, {BUSY_SINCE: since, LOOKS: looks + 1}, shown_as_retry=held)
+
+    def _wait_out(self, exc: StoreUnavailable) -> Ending:
+        """The store did not answer the acquire: nothing ran, no lease is held. Send the message again later
+        until ``fence_store_wait`` has passed since the first failure; then give up with a record."""
+        now, wait = self.runtime.wall(), self.config.store_wait
+        since = self.attempt.waiting_since or now
+        waited = now - since
+        if self.attempt.eager or waited >= wait:
+            log.error(
+                "fence: gave up on %s (key %r): the store stayed unavailable for %.0fs (fence_store_wait "
+                "%gs); the body never ran: %s", self.name, self.key, waited, wait, exc,
+            )
+            self.host.report("gave up", self.key, 0, waited=waited)
+            reason = f"waiting out the unavailable store ({waited:.0f}s, fence_store_wait {wait:g}s)"
+            return Ending.raising(exc, record=self._record(reason))
+        countdown = self.policy.store_wait_countdown(self.attempt.waits, wait - waited)
+        log.warning(
+            "fence: store unavailable for %s (key %r), waiting it out (again in %.1fs, max_retries not "
+            "spent): %s", self.name, self.key, countdown, exc,
+        )
+        return self._send_again(countdown, {WAITING_SINCE: since, WAITS: self.attempt.waits + 1})
 
     # -- the body --
 
-    def _run(self, lease: Lease, sent_at: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _run(self, lease: Lease, sent_at: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ending:
         runtime = self.runtime
-        fence = Fence(self.store, lease, runtime.renewer, self.config.policy.ttl)
-        runtime.renewer.track(lease, self.config.policy, sent_at, *self.host.started(fence))
+        fence = Fence(self.store, lease, runtime.renewer, self.policy.ttl, self.clock)
+        runtime.renewer.track(lease, self.policy, sent_at, *self._hooks(fence))
+        self.host.acquired(fence)
         try:
             try:
                 runtime.owed.flush(self.store)  # the store answers again: what this process owes it
@@ -166,18 +214,27 @@ class Run:
             except (LeaseLost, StaleToken) as exc:
                 return self._refused(fence, exc)
             except StoreUnavailable as exc:  # a fenced write's outcome is unknown: run again
-                log.warning("fence: store unavailable in %s[%s], re-queued: %s", self.key, self.task_id, exc)
-                fence.abort()
-                return self._end(Action.REQUEUE, fence, None, self.config.policy.interval, cause=exc)
-            except BaseException:
-                fence.abort()
-                quietly(self.store.release, lease)
-                raise
+                log.warning("fence: store unavailable in %s, re-queued: %s", self.key, exc)
+                action = decide(Facts(Event.BODY_UNKNOWN))
+                return self._end(action, fence, None, self.policy.interval, cause=exc)
+            except BaseException as exc:
+                return self._end(decide(Facts(_body_event(exc))), fence, None, cause=exc)
             return self._complete(fence, result)
         finally:
             fence.abort()
             runtime.renewer.untrack(lease)
-            self.host.ended(fence)
+            self.host.released(fence)
+
+    def _hooks(self, fence: Fence) -> tuple[OnLost, OnRenewed]:
+        def on_lost(lost: Lease, reason: str) -> None:  # the renewer's thread
+            fence.mark_lost(reason)
+            self.host.report("lost", lost.key, lost.token, reason=reason)
+            self.runtime.interrupter.fire_for(fence)  # only a run armed with fence_interrupt is interrupted
+
+        def on_renewed(renewed: Lease) -> None:
+            self.host.report("renewed", renewed.key, renewed.token)
+
+        return on_lost, on_renewed
 
     def _body(self, fence: Fence, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not self.config.interrupt:
@@ -189,7 +246,7 @@ class Run:
         finally:
             interrupter.disarm(ident)
 
-    def _refused(self, fence: Fence, exc: LeaseLost | StaleToken) -> Any:
+    def _refused(self, fence: Fence, exc: LeaseLost | StaleToken) -> Ending:
         fence.abort()
         if isinstance(exc, LeaseLost):  # refused here, before the store saw a write
             quietly(self.store.refuse, fence.lease, f"lease lost: {exc.reason}")
@@ -200,39 +257,42 @@ class Run:
 
     # -- completion --
 
-    def _complete(self, fence: Fence, result: Any) -> Any:
+    def _complete(self, fence: Fence, result: Any) -> Ending:
         """Commit the result; an unknown outcome is read back, never guessed (DESIGN.md §1)."""
         deadline = self.runtime.renewer.deadline(fence.lease)
-        deadline = deadline if deadline is not None else time.monotonic() + self.config.policy.ttl
+        deadline = deadline if deadline is not None else self.clock() + self.policy.ttl
         self.runtime.renewer.untrack(fence.lease)  # no renew of a lease whose completion may have committed
         failpoint("before-complete")
+        event = _returned_event(fence)
+        if event is Event.RETURNED_WORK_LOST:
+            lost = StoreUnavailable(f"the run's transaction on key {self.key!r} was lost with earlier writes")
+            return self._end(decide(Facts(event)), fence, None, self.policy.interval, cause=lost)
         joined = fence.joined
         while True:
             try:
                 fence.commit(result)
-                return self._end(Action.SUCCEED, fence, result, 0.0)
+                self.committed = (result,)
+                return self._end(decide(Facts(Event.COMPLETED)), fence, result)
             except (StaleToken, StoreUnavailable) as exc:
-                event = self._completion_event(exc)
-            except BaseException:  # nothing was stored (e.g. NotSerializable): a failed run, released
-                fence.abort()
-                quietly(self.store.release, fence.lease)
-                raise
-            facts = Facts(event, joined=joined)
-            while True:
-                facts = replace(facts, deadline_passed=time.monotonic() >= deadline)
-                action = self._decide(facts, token=fence.token)
-                if action is not Action.READ:
-                    break
-                time.sleep(min(1.0, self.config.policy.interval / 4))  # the store did not answer the read
+                cause: BaseException = exc
+                event = _completion_event(exc)
+            except BaseException as exc:  # interrupted with the reply due, or nothing sent (NotSerializable)
+                cause, event = exc, Event.COMPLETE_INTERRUPTED
+                if not isinstance(exc, Exception):  # SystemExit: the process goes; the store says the rest
+                    raise
+            action = self._read_until(Facts(event, joined=joined), fence.token, deadline)
             if action is not Action.CALL_AGAIN:
-                return self._end(action, fence, result, self.config.policy.interval, reason="completion")
-            time.sleep(min(1.0, self.config.policy.interval / 4))
+                shown = None if event is Event.COMPLETE_REFUSED else cause  # apply(): a refusal ends Ignore
+                return self._end(action, fence, result, self.policy.interval, "completion", shown)
+            self.sleep(self.policy.read_pause)
 
-    def _completion_event(self, exc: StaleToken | StoreUnavailable) -> Event:
-        if isinstance(exc, StaleToken):
-            return Event.COMPLETE_REFUSED
-        log.warning("fence: completion of %s unconfirmed, reading the key: %s", self.key, exc)
-        return Event.COMPLETE_UNKNOWN
+    def _read_until(self, facts: Facts, token: int, deadline: float) -> Action:
+        while True:
+            facts = replace(facts, deadline_passed=self.clock() >= deadline)
+            action = self._decide(facts, token)
+            if action is not Action.READ:
+                return action
+            self.sleep(self.policy.read_pause)  # the store did not answer the read
 
     # -- deciding and ending --
 
@@ -247,37 +307,117 @@ class Run:
             log.warning("fence: could not read %s: %s", self.key, exc)
             self.state = None
             return decide(replace(facts, read_failed=True))
-        view = view_of(self.state, token, self.task_id, self.handoff)
+        view = view_of(self.state, token, self.attempt.task_id, self.attempt.handoff)
         copy = view in (View.SAME_TASK_DONE, View.MINE_DONE) and facts.event is Event.FINISHED
-        delivered = self.host.delivered() if copy else False
+        outcome = self.host.outcome() if copy else "unasked"
         # Nothing to wait for when nothing can tell (eager, no result backend), or waited already.
-        awaited = delivered is None or (self.state is not None and self.state.token == self.awaited)
-        return decide(replace(facts, view=view, delivered=bool(delivered), awaited=awaited))
+        awaited = outcome is None or (self.state is not None and self.state.token == self.attempt.awaited)
+        return decide(replace(facts, view=view, delivered=outcome == "SUCCESS", awaited=awaited))
 
     def _end(
         self,
         action: Action,
-        fence: Fence,
+        fence: Fence | None,
         result: Any,
-        countdown: float,
+        countdown: float = 0.0,
         reason: str = "",
         cause: BaseException | None = None,
-    ) -> Any:
+    ) -> Ending:
         if action is Action.SUCCEED:
-            return result
+            return Ending.returning(result)
         if action is Action.RETURN_STORED:
-            return result if self.state is None else self.state.result
+            return Ending.returning(result if self.state is None else self.state.result)
+        assert fence is not None, action
+        if action is Action.FAIL:  # the body's own ending: Celery's course, the lease given back first
+            assert cause is not None
+            fence.abort()
+            return self._released(Ending.raising(cause), fence.lease)
         if action is Action.REQUEUE:
-            self.host.requeue(countdown, handing_back=fence.lease, cause=cause)
-        self.host.refused(fence, reason or "refused")
+            return self._resend(fence, countdown, cause, reason or "its outcome is unknown")
+        return self._refusal(action, fence, reason, cause)
+
+    def _refusal(self, action: Action, fence: Fence, reason: str, cause: BaseException | None) -> Ending:
+        self.host.report("refused", fence.key, fence.token, reason=reason or "refused")
         if action is Action.REFUSE_IGNORE:
-            raise Ignore()
+            return Ending.ignoring()
         if action is Action.REFUSE_REQUEUE:
-            self.host.requeue(0.0, handing_back=fence.lease, cause=cause)
+            return self._resend(fence, 0.0, cause, reason or "refused, nobody took over")
         if action is Action.REFUSE_WINNER:
-            return None if self.state is None else self.state.result
+            return Ending.returning(None if self.state is None else self.state.result)
         assert action is Action.REFUSE_SUPERSEDED, action
-        self.host.superseded(fence, self.state)
+        state = self.state
+        return Ending.raising(LeaseHeld(fence.key, _holder(state) if state else None,
+                                        state.expires_in if state else None))
+
+    def _resend(self, fence: Fence, first: float, cause: BaseException | None, reason: str) -> Ending:
+        """The fence sends the run again (same id, no ``max_retries`` spent), handing its lease to the copy;
+        after ``fence_max_resends`` it gives up with a record instead."""
+        fence.abort()
+        resends = self.attempt.resends
+        if resends < self.config.max_resends:
+            countdown = self.policy.resend_countdown(first, resends)
+            return self._send_again(countdown, {RESENDS: resends + 1}, fence.lease, cause)
+        gave_up = GaveUp(self.key, resends, reason)
+        log.error("fence: %s: %s", self.name, gave_up)
+        record = self._record(f"after {resends} re-sends by the fence ({reason}): fence_max_resends")
+        if self.committed is not None or isinstance(cause, StoreUnavailable):  # it may have committed:
+            return Ending.ignoring(hand_back=fence.lease, record=record)  # never FAILURE
+        return Ending.raising(gave_up, hand_back=fence.lease, record=record)
+
+    def _send_again(
+        self,
+        countdown: float,
+        headers: dict[str, Any],
+        hand_back: Lease | None = None,
+        cause: BaseException | None = None,
+    ) -> Ending:
+        if self.attempt.eager:  # apply() has no queue to go back to: the caller sees why
+            if cause is not None:
+                return Ending.raising(cause, hand_back=hand_back)
+            return Ending.ignoring(hand_back=hand_back)
+        return Ending.sending_again(countdown, headers, hand_back)
+
+    def _released(self, ending: Ending, lease: Lease) -> Ending:
+        """Give the lease back now; a release that does not reach the store is owed (written once the store
+        answers), so the lease does not expire into recovery's hands and the run is not run again."""
+        try:
+            self.store.release(lease)
+        except FenceError as exc:
+            log.warning("fence: release of %s failed, owed: %s", lease.key, exc)
+            self.runtime.owed.write(self.store, Released(self.attempt.task_id, lease))
+        return ending
+
+    def _record(self, why: str) -> Stranded | None:
+        """The give-up record ``celery fence leases`` shows: ``name[id] gave up <why>``."""
+        if self.attempt.eager:  # apply() raises to its caller instead
+            return None
+        return Stranded(self.attempt.task_id, self.key, self.run_info, f"{self.name} gave up {why}")
+
+
+def _body_event(exc: BaseException) -> Event:
+    """What the body's exception means to Celery (and so to the run)."""
+    if isinstance(exc, Retry):
+        return Event.RETRIED
+    if isinstance(exc, Reject):
+        return Event.REJECTED
+    if isinstance(exc, Ignore):
+        return Event.IGNORED
+    if isinstance(exc, (SoftTimeLimitExceeded, TimeLimitExceeded)) or not isinstance(exc, Exception):
+        return Event.INTERRUPTED
+    return Event.RAISED
+
+
+def _returned_event(fence: Fence) -> Event:
+    if fence.work_lost:
+        return Event.RETURNED_WORK_LOST
+    return Event.RETURNED_BLOCK_UNDONE if fence.block_undone else Event.RETURNED
+
+
+def _completion_event(exc: StaleToken | StoreUnavailable) -> Event:
+    if isinstance(exc, StaleToken):
+        return Event.COMPLETE_REFUSED
+    log.warning("fence: completion unconfirmed, reading the key: %s", exc)
+    return Event.COMPLETE_UNKNOWN
 
 
 def quietly(fn: Any, *args: Any) -> Any:

@@ -4,6 +4,7 @@ off: no bootstep runs in it): the signals of a refused and of a lost run, ``fenc
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Iterator
@@ -72,7 +73,8 @@ def app(store: Any, gates: Gates, clock: Clock) -> Iterator[Celery]:
 
     @app.task(base=FencedTask, bind=True, fence_key="k:{n}", name="hooks.keyed", shared=False)
     def keyed(self: Any, n: int, tag: str, wait: bool = False) -> str:
-        gates.entered.add(f"{tag}:{self.request.retries}")
+        copies = self.request.retries + (getattr(self.request, "fence_resends", None) or 0)
+        gates.entered.add(f"{tag}:{copies}")
         if wait:
             gates.wait(tag)
         self.fence.check()
@@ -165,12 +167,14 @@ def test_a_run_whose_lease_only_lapsed_sends_itself_again_with_recovery_off(
     assert seen.hooks() == ["lease_lost", "task_success"]  # the re-queued run fired nothing
 
 
-def test_a_lapsed_run_at_max_retries_keeps_its_lease_for_recovery(
+def test_a_lapsed_run_at_max_retries_is_sent_again_without_spending_a_retry(
     app: Celery, store: Any, gates: Gates, clock: Clock, hooks: list[Seen]
 ) -> None:
-    keyed, a, seen = _start_a(5, app, gates, hooks)
-    keyed.max_retries = 0  # its re-queue would be a retry past max_retries
-    held = store.get("k:5")
+    """Issue 25, finding 3: the fence's own re-send of a refused run nobody took over spends none of the
+    task's max_retries. It used to end Ignore at max_retries with its lease released (an operator's
+    release leaves none to expire), so nothing ever ran the key again."""
+    keyed, a, _seen = _start_a(5, app, gates, hooks)
+    keyed.max_retries = 0  # a re-queue as a retry would be past max_retries
     runtime = runtime_for(app)
     runtime._store.down = True
     clock.offset += TTL
@@ -178,20 +182,58 @@ def test_a_lapsed_run_at_max_retries_keeps_its_lease_for_recovery(
     runtime._store.down = False
     try:
         gates.open("A")
-        wait_for(lambda: seen.fired.count("task_postrun") == 1, what="A's run to end")
+        assert a.get(timeout=30) == "done by A"
     finally:
         keyed.max_retries = 3
-    kept = store.get("k:5")
-    assert (kept.token, kept.owner, kept.done) == (held.token, held.owner, False)  # not released
-    assert "release" not in [e.event for e in store.history("k:5")]
-    assert a.state == "PENDING" and seen.hooks() == ["lease_lost"]  # nothing stored: recovery's to re-send
+    assert "A:1" in gates.entered  # the copy ran the body
+    assert [e.event for e in store.history("k:5")].count("complete") == 1
 
 
-def test_on_busy_retry_counts_down_the_holders_remaining_ttl_then_fails_with_lease_held(
+def test_an_operators_release_of_a_run_with_no_retries_left_runs_the_key_again(
+    app: Celery, store: Any, gates: Gates, hooks: list[Seen]
+) -> None:
+    """Issue 25, finding 3, as an operator meets it: `celery fence release KEY` fences the run out; the run
+    sends itself again though max_retries is 0, and the key ends done once."""
+    keyed, a, _seen = _start_a(6, app, gates, hooks)
+    keyed.max_retries = 0
+    try:
+        store.force_release("k:6")
+        gates.open("A")
+        assert a.get(timeout=30) == "done by A"
+    finally:
+        keyed.max_retries = 3
+    state = store.get("k:6")
+    assert state is not None and state.done and state.result == "done by A"
+    assert [e.event for e in store.history("k:6")].count("complete") == 1
+
+
+def test_a_run_the_fence_sent_again_fence_max_resends_times_gives_up_with_a_record(
+    app: Celery, store: Any, gates: Gates, hooks: list[Seen]
+) -> None:
+    """The fence's re-sends are bounded (fence_max_resends) and giving up is never silent: FAILURE with
+    GaveUp, and the key marked given up in the store."""
+    from celery_fence import GaveUp
+
+    runtime = runtime_for(app)
+    runtime.config = dataclasses.replace(runtime.config, max_resends=0)  # read when a run starts
+    _keyed, a, _seen = _start_a(7, app, gates, hooks)
+    store.force_release("k:7")
+    gates.open("A")
+    with pytest.raises(GaveUp):
+        a.get(timeout=30)
+    state = store.get("k:7")
+    assert state is not None and not state.done and state.dead
+    assert "gave up" in (state.dead or "")
+
+
+def test_on_busy_retry_looks_again_sooner_than_the_holders_ttl_without_spending_retries(
     app: Celery, store: Any, gates: Gates
 ) -> None:
+    """Issue 25, finding 6: a run of another task id finding the key held shows RETRY, is sent again after
+    a renew interval (not the holder's whole ttl) with its retries unspent, and ends with the winner's
+    result once the holder finishes; after fence_busy_wait it gives up with LeaseHeld."""
     keyed = app.tasks["hooks.keyed"]
-    store.acquire("k:3", "someone-else", TTL)  # held elsewhere, for the whole test
+    holder = store.acquire("k:3", "someone-else", TTL)  # held elsewhere
     published: list[dict[str, Any]] = []
 
     def on_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
@@ -199,17 +241,22 @@ def test_on_busy_retry_counts_down_the_holders_remaining_ttl_then_fails_with_lea
 
     before_task_publish.connect(on_publish, weak=False)
     try:
-        keyed.max_retries = 1
+        keyed.max_retries = 0
         b = keyed.delay(3, "B")
         wait_for(lambda: b.state == "RETRY", what="B to show RETRY")
-        retry = next(h for h in published if h.get("id") == b.id and h.get("retries") == 1)
-        countdown = time.mktime(time.strptime(retry["eta"][:19], "%Y-%m-%dT%H:%M:%S")) - time.mktime(
+        again = next(h for h in published if h.get("id") == b.id and h.get("fence_looks") == 1)
+        countdown = time.mktime(time.strptime(again["eta"][:19], "%Y-%m-%dT%H:%M:%S")) - time.mktime(
             time.gmtime()
         )
-        assert TTL - 10 < countdown <= TTL + 1  # the holder's remaining ttl, not an interval
-        keyed.max_retries = 0
-        c = keyed.delay(3, "C")
-        with pytest.raises(LeaseHeld):  # max_retries spent: FAILURE with the LeaseHeld
+        assert again["retries"] == 0 and again["fence_busy_since"] > 0
+        assert countdown <= runtime_for(app).config.policy.interval + 1  # not the holder's 30 s
+        store.complete(holder, "the winner's")  # the holder finishes: B ends with its result
+        assert b.get(timeout=60) == "the winner's"
+        runtime = runtime_for(app)
+        runtime.config = dataclasses.replace(runtime.config, busy_wait=0.0)
+        store.acquire("k:8", "someone-else", TTL)
+        c = keyed.delay(8, "C")
+        with pytest.raises(LeaseHeld):  # fence_busy_wait spent: FAILURE with the LeaseHeld
             c.get(timeout=30)
     finally:
         before_task_publish.disconnect(on_publish)

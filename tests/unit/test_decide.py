@@ -15,7 +15,25 @@ from celery_fence.lease import LeaseState
 
 # After the body: the events whose meaning depends on the key's state (BODY_UNKNOWN never does: nothing of a
 # failed transaction committed, so it always runs again and the copy reads the key).
-BODY_OR_LATER = {Event.REFUSED, Event.COMPLETE_REFUSED, Event.COMPLETE_UNKNOWN}
+BODY_OR_LATER = {
+    Event.REFUSED,
+    Event.COMPLETE_REFUSED,
+    Event.COMPLETE_UNKNOWN,
+    Event.COMPLETE_INTERRUPTED,
+}
+# What the body and Celery did (DESIGN.md §3 "every exit"): the events that never need a read.
+BODY_ENDINGS = {Event.RAISED, Event.RETRIED, Event.REJECTED, Event.IGNORED, Event.INTERRUPTED}
+WITHOUT_READ = BODY_ENDINGS | {
+    Event.ACQUIRED,
+    Event.ACQUIRE_UNKNOWN,
+    Event.ENDED_BEFORE,
+    Event.RETURNED,
+    Event.RETURNED_BLOCK_UNDONE,
+    Event.RETURNED_WORK_LOST,
+    Event.BODY_UNKNOWN,
+    Event.COMPLETED,
+    Event.COMPLETED_INTERRUPTED,
+}
 ENDS_THE_RUN_AGAIN = {Action.REQUEUE, Action.REFUSE_REQUEUE}
 REFUSALS = {
     Action.REFUSE_IGNORE,
@@ -45,14 +63,7 @@ def test_the_table_is_total() -> None:
 
 def test_a_run_reads_the_key_before_it_judges_an_ambiguous_outcome() -> None:
     for facts in ALL:
-        needs_read = facts.event not in (
-            Event.ACQUIRED,
-            Event.ACQUIRE_UNKNOWN,
-            Event.RETURNED,
-            Event.RAISED,
-            Event.BODY_UNKNOWN,
-            Event.COMPLETED,
-        )
+        needs_read = facts.event not in WITHOUT_READ
         if needs_read and facts.view is View.UNREAD and not facts.read_failed:
             assert decide(facts) is Action.READ, facts
 
@@ -60,7 +71,7 @@ def test_a_run_reads_the_key_before_it_judges_an_ambiguous_outcome() -> None:
 def test_only_an_answered_completion_succeeds_with_the_bodys_own_result() -> None:
     for facts in ALL:
         if decide(facts) is Action.SUCCEED:
-            assert facts.event is Event.COMPLETED, facts
+            assert facts.event in (Event.COMPLETED, Event.COMPLETED_INTERRUPTED), facts
 
 
 def test_work_whose_completion_committed_is_never_run_again_nor_refused() -> None:
@@ -72,17 +83,44 @@ def test_work_whose_completion_committed_is_never_run_again_nor_refused() -> Non
 
 def test_no_work_is_dropped_while_nobody_else_has_the_key() -> None:
     """Whenever the store shows no other run holding or having finished the key, the run ends by running
-    again (or repeating its completion), never by a quiet Ignore."""
+    again (or repeating its completion), never by a quiet Ignore; an interruption whose completion did not
+    commit is the run's own failure (Celery stores FAILURE, the caller sees it)."""
     nobody_else = {View.MINE_HELD, View.MINE_FREE, View.FREE, View.GONE, View.HANDED_OFF}
     for facts in ALL:
         if facts.event in BODY_OR_LATER and facts.view in nobody_else:
-            assert decide(facts) in ENDS_THE_RUN_AGAIN | {Action.CALL_AGAIN}, facts
+            allowed = ENDS_THE_RUN_AGAIN | {Action.CALL_AGAIN}
+            if facts.event is Event.COMPLETE_INTERRUPTED and facts.view in (View.MINE_HELD, View.MINE_FREE):
+                allowed = {Action.FAIL}
+            assert decide(facts) in allowed, facts
+
+
+def test_a_committed_completion_is_never_reported_as_a_failure() -> None:
+    """DESIGN.md §1: an interruption (a time limit) while the reply is due or after it answered, or a lost
+    reply, never turns a committed completion into FAILURE; an unreadable outcome is never FAILURE either."""
+    for facts in ALL:
+        action = decide(facts)
+        after_completion = facts.event in BODY_OR_LATER and facts.view is View.MINE_DONE
+        if after_completion or facts.event in (Event.COMPLETED, Event.COMPLETED_INTERRUPTED):
+            assert action not in REFUSALS | {Action.FAIL}, facts
+        if facts.event is Event.COMPLETE_INTERRUPTED and facts.read_failed and facts.view is View.UNREAD:
+            assert action is Action.REQUEUE, facts
+    assert decide(Facts(Event.COMPLETED_INTERRUPTED)) is Action.SUCCEED
+    assert decide(Facts(Event.COMPLETE_INTERRUPTED, View.MINE_DONE)) is Action.RETURN_STORED
+
+
+def test_the_bodys_own_endings_take_celerys_course() -> None:
+    """Raised, retried, rejected, ignored or interrupted: release, and let Celery do what it does."""
+    for facts in ALL:
+        if facts.event in BODY_ENDINGS:
+            assert decide(facts) is Action.FAIL, facts
+        if decide(facts) is Action.FAIL:
+            assert facts.event in BODY_ENDINGS | {Event.COMPLETE_INTERRUPTED}, facts
 
 
 def test_an_unreadable_key_after_the_body_is_sent_again_never_guessed() -> None:
     for facts in ALL:
         if facts.event in BODY_OR_LATER and facts.view is View.UNREAD and facts.read_failed:
-            again = facts.deadline_passed or facts.event is Event.REFUSED
+            again = facts.deadline_passed or facts.event in (Event.REFUSED, Event.COMPLETE_INTERRUPTED)
             expected = {Action.REQUEUE} if again else {Action.READ}
             assert decide(facts) in expected, facts
 
@@ -150,6 +188,13 @@ def test_a_copy_waits_a_ttl_for_a_finished_run_to_deliver_before_it_delivers_for
         (Facts(Event.COMPLETE_UNKNOWN, View.MINE_DONE, joined=True), Action.RETURN_STORED),
         (Facts(Event.BODY_UNKNOWN), Action.REQUEUE),
         (Facts(Event.RAISED), Action.FAIL),
+        (Facts(Event.RETURNED_BLOCK_UNDONE), Action.COMPLETE),  # issue 25, finding 1
+        (Facts(Event.RETURNED_WORK_LOST), Action.REQUEUE),
+        (Facts(Event.COMPLETE_INTERRUPTED, View.MINE_DONE), Action.RETURN_STORED),  # finding 2
+        (Facts(Event.COMPLETE_INTERRUPTED, View.MINE_HELD), Action.FAIL),
+        (Facts(Event.COMPLETE_INTERRUPTED, read_failed=True), Action.REQUEUE),
+        (Facts(Event.COMPLETED_INTERRUPTED), Action.SUCCEED),
+        (Facts(Event.ENDED_BEFORE), Action.END_UNRUN),  # finding 4
     ],
 )
 def test_named_rows(facts: Facts, action: Action) -> None:

@@ -123,10 +123,8 @@ def test_a_process_without_a_runtime_settles_nothing(app: Celery) -> None:
 
 def test_an_eager_run_that_gives_up_owes_no_record(app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
     """``apply()`` raises to its caller, who sees why: no record is made for it."""
-    from celery_fence import run as run_module
-
-    monkeypatch.setattr(run_module.time, "sleep", lambda _s: None)
     runtime = runtime_for(app)
+    monkeypatch.setattr(runtime, "sleep", lambda _s: None)
     store: MemoryStore = runtime.store  # type: ignore[assignment]
     runtime._store = IndeterminateStore(store, [Fault(Outcome.BEFORE, method="acquire", rate=1.0)])
 
