@@ -2,7 +2,8 @@
 lose their reply, or act late (after the run's lease expired) and lose their reply.
 
 Every store call has three results and a client cannot tell the last two apart (Jepsen's ``:info``);
-``IndeterminateStore`` makes each of them happen at a chosen call of a run, so a test can enumerate every
+``IndeterminateStore`` makes each of them happen at a chosen call of a run (and ``INTERRUPTED``: the store
+acted, then a time limit hit the caller before the reply came back), so a test can enumerate every
 call position x outcome and check that each leaves one effect per key and no lost work. A run's
 transaction (``begin_run``) is wrapped too: its ``commit`` is a call like the others.
 
@@ -25,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
+
 from .._failpoints import STORE_FAULTS_ENV
 from ..errors import FenceError, InvalidArgument, StoreUnavailable
 
@@ -41,6 +44,7 @@ class Outcome(str, enum.Enum):
     BEFORE = "before"  # failed before the store acted (refused connection, error before commit)
     LOST = "lost"  # the store acted (committed), then the reply was lost
     LATE = "late"  # the call arrived after the run's lease expired, acted, and its reply was lost
+    INTERRUPTED = "interrupted"  # the store acted, then a time limit hit the caller while the reply was due
 
 
 @dataclass
@@ -109,7 +113,7 @@ class IndeterminateStore:
         else:
             if name == "begin_run":  # the session died with its reply: its transaction rolled back
                 result.close()
-        raise StoreUnavailable(f"injected: {name} acted at the store, then its reply was lost")
+        raise _lost(name, outcome)
 
     def _due(self, name: str, key: str | None) -> Outcome | None:
         with self._lock:
@@ -163,4 +167,11 @@ class _Transaction:
             self._tx.close()  # nothing reached the server; the session ends, rolling back
             raise StoreUnavailable("injected: commit failed before the store acted")
         self._tx.complete(result)  # the row is locked by this transaction: LATE is the same as LOST
-        raise StoreUnavailable("injected: commit acted at the store, then its reply was lost")
+        raise _lost("commit", outcome)
+
+
+def _lost(name: str, outcome: Outcome) -> BaseException:
+    """What the caller meets when the store acted and the reply never reached it."""
+    if outcome is Outcome.INTERRUPTED:  # as Celery's soft time limit lands: an exception in the caller
+        return SoftTimeLimitExceeded(f"injected: {name} acted at the store, then a time limit hit")
+    return StoreUnavailable(f"injected: {name} acted at the store, then its reply was lost")

@@ -14,6 +14,7 @@ from celery.signals import after_task_publish, before_task_publish
 from kombu import Exchange, Queue
 from sqlalchemy import BigInteger, Column, Engine, Integer, MetaData, Table, Text, create_engine, text
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import IntegrityError
 
 from celery_fence import FencedTask, StaleToken, fenced_update
 from celery_fence.stores.base import FencedConnectionStore
@@ -119,6 +120,35 @@ def sleeper(self: Any, seconds: float) -> str:
     finally:
         mark(self, "ended")
     return "slept"
+
+
+# Issue 25, finding 1: an "insert if absent" that catches the duplicate key of its first transaction() block.
+UNIQUE = text("INSERT INTO fence_it_unique (key) VALUES (:k)")
+
+
+@app.task(base=FencedTask, bind=True)
+def insert_if_absent(self: Any, item: str) -> dict[str, Any]:
+    try:
+        with self.fence.transaction() as conn:
+            conn.execute(UNIQUE, {"k": item})
+        mark(self, "inserted")
+    except IntegrityError:
+        mark(self, "existed")
+    return {"item": item, "token": self.fence.token}
+
+
+# Issue 25, finding 7: a step whose function runs after the process knows its lease is lost.
+@app.task(base=FencedTask, bind=True)
+def send_parcel(self: Any, item: str) -> str:
+    first_run = not any(MARKS.glob(f"{self.request.id}.*.started"))
+    mark(self, "started")
+    deadline = time.monotonic() + 30
+    while first_run and not self.fence.lost and time.monotonic() < deadline:  # the test fences it out
+        time.sleep(0.05)
+    if first_run:
+        mark(self, "knows-lost" if self.fence.lost else "never-lost")
+    self.fence.step("send", lambda: mark(self, f"sent-{uuid.uuid4().hex[:6]}"))
+    return f"sent {item}"
 
 
 # The chaos suite's task: one ledger row per key, whatever the faults. On a SQL store the row commits
