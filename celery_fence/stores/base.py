@@ -59,7 +59,9 @@ class RunStore(Protocol):
         """Take the lease on ``key`` if it is free or expired, with a token above every token issued before.
 
         ``run`` (task name, arguments, options) is kept with the lease for recovery. Raises ``LeaseHeld``
-        while a live lease is held elsewhere, ``AlreadyDone`` for a finished key.
+        while a live lease is held elsewhere, ``AlreadyDone`` for a finished key. The one answer without a
+        new token: ``owner``'s own live lease, for an acquire retried after its reply was lost (owners are
+        unique per acquisition); a released or expired lease is never handed back, whatever its owner.
         """
 
     def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:

@@ -79,7 +79,10 @@ class SQLStore(SQLRecovery):
             return self.acquire(key, owner, ttl, run)
         if state.done:
             raise AlreadyDone(key, int(state.token), codec.loads(state.result))
-        if state.owner == owner:  # our own acquire committed but its reply was lost
+        # Our own acquire committed but its reply was lost. Only a live lease can be that: this read comes
+        # after the statement, which may have met the row locked (NOWAIT), and a released or expired lease
+        # of this owner string is an earlier acquisition's, whose token must never be returned again.
+        if state.owner == owner and state.expires_in is not None and state.expires_in > 0:
             return Lease(key, int(state.token), owner)
         raise LeaseHeld(key, state.owner, state.expires_in)
 
