@@ -22,7 +22,7 @@ from typing import Any
 
 from .lease import LeaseState
 
-__all__ = ["Action", "Event", "Facts", "View", "decide", "view_of"]
+__all__ = ["Action", "Event", "Facts", "View", "decide", "holder_of", "view_of"]
 
 
 class Event(enum.Enum):
@@ -240,3 +240,9 @@ def _mine(state: LeaseState) -> View:
 
 def _task_id(run: Mapping[str, Any] | None) -> str | None:
     return None if not run else run.get("id")
+
+
+def holder_of(state: LeaseState) -> str:
+    """Who holds the key, for people: its owner and, when recorded, its task id."""
+    task_id = (state.run or {}).get("id")
+    return f"{state.owner} (task {task_id})" if task_id else str(state.owner)

@@ -13,39 +13,28 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
-from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
-
-from ._decide import Action, Event, Facts, View, decide, view_of
+from ._decide import Action, Event, Facts, View, decide, holder_of, view_of
 from ._ending import Ending
 from ._failpoints import failpoint
-from ._headers import AWAITED, BUSY_SINCE, LOOKS, RESENDS, WAITING_SINCE, WAITS, Attempt, run_name
-from ._owed import Released, Stranded
+from ._headers import Attempt, run_name
+from ._outcomes import FAILED_STATES, RunHost, body_event, completion_event, returned_event
+from ._owed import Released
+from ._resends import Resends
 from ._runtime import FenceRuntime
 from .config import FenceConfig
-from .errors import AlreadyDone, FenceError, GaveUp, LeaseHeld, LeaseLost, StaleToken, StoreUnavailable
+from .errors import AlreadyDone, FenceError, LeaseHeld, LeaseLost, StaleToken, StoreUnavailable
 from .fence import Fence
 from .lease import Lease, LeaseState
 from .renewer import OnLost, OnRenewed
 
-__all__ = ["FAILED_STATES", "Run", "RunHost", "decide", "quietly"]
+__all__ = ["Run", "RunHost", "decide", "quietly"]
 
 log = logging.getLogger(__name__)
 
 ACQUIRE_ATTEMPTS = 3  # acquire calls per round when the store does not answer (same owner each time)
 ACQUIRE_ROUNDS = 5  # acquire -> read -> acquire again, when the key changes under us
-FAILED_STATES = frozenset({"FAILURE", "REVOKED"})  # a task id Celery reported ended without success
-
-
-class RunHost(Protocol):
-    """What a run needs of its task: the body, the result backend's word, and someone to tell."""
-
-    def body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
-    def outcome(self) -> str | None: ...  # this task id's state in the result backend; None: nothing tells
-    def acquired(self, fence: Fence) -> None: ...
-    def released(self, fence: Fence) -> None: ...
-    def report(self, what: str, key: str, token: int, **fields: Any) -> None: ...
 
 
 class Run:
@@ -65,6 +54,7 @@ class Run:
         self.key, self.run_info, self.attempt = key, run_info, attempt
         self.clock, self.sleep = runtime.clock, runtime.sleep
         self.name = run_name(attempt)
+        self.resends = Resends(host, runtime, config, key, run_info, attempt)
         self.state: LeaseState | None = None  # the last read of the key
         self.committed: tuple[Any] | None = None  # (result,) once the completion answered
 
@@ -96,12 +86,12 @@ class Run:
                 log.warning("fence: %s ended FAILURE before: not run again", self.name)
                 return self._released(Ending.ignoring(), lease)
             if action is Action.TAKE_BACK:
-                self._take_back()
+                self.resends.take_back(self.state)
             elif action is not Action.ACQUIRE_AGAIN:
-                return self._end_unrun(action, problem)
+                return self.resends.unrun(action, problem, self.state)
             self.sleep(self.policy.round_pause(round_))
         # The key kept changing under us: whoever holds it now, fence_on_busy decides.
-        return self._busy(LeaseHeld(self.key, None, None))
+        return self.resends.busy(LeaseHeld(self.key, None, None))
 
     def _acquire(self, owner: str) -> tuple[Facts, Lease | None, float, FenceError | None]:
         """One acquire, repeating a store hiccup with the same owner: an acquire that committed but whose
@@ -122,84 +112,6 @@ class Run:
                 self.sleep(self.policy.acquire_pause * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def _take_back(self) -> None:
-        """The attempt that re-queued this copy still holds the key (its release failed): it ended, so give
-        its lease back for it (token-checked: a takeover in between makes this a no-op)."""
-        state = self.state
-        assert state is not None
-        try:
-            self.store.release(Lease(self.key, state.token, state.owner or ""))
-            log.info("fence: %s took %s back from its earlier attempt", self.name, self.key)
-        except StoreUnavailable as exc:
-            log.warning("fence: could not take %s back from its earlier attempt: %s", self.key, exc)
-
-    def _end_unrun(self, action: Action, problem: FenceError | None) -> Ending:
-        state = self.state
-        if action is Action.AWAIT_DELIVERY:
-            assert state is not None
-            log.info("fence: %s finished, not delivered yet: looks again later", self.key)
-            return self._send_again(self.policy.await_countdown, {AWAITED: state.token})
-        if action is Action.RETURN_STORED:
-            token = state.token if state is not None else getattr(problem, "token", 0)
-            self.host.report("duplicate", self.key, token, reason="done")
-            return Ending.returning(state.result if state is not None else getattr(problem, "result", None))
-        if action is Action.ABSORB:
-            self.host.report("duplicate", self.key, state.token if state else 0, reason="done")
-            return Ending.ignoring()
-        if action is Action.ABSORB_LATER:
-            assert isinstance(problem, LeaseHeld)
-            self.host.report("duplicate", self.key, 0, reason="held")
-            looks = self.attempt.looks
-            countdown = self.policy.look_again_countdown(problem.expires_in, looks)
-            return self._send_again(countdown, {LOOKS: looks + 1})
-        if action is Action.WAIT_OUT:
-            assert isinstance(problem, StoreUnavailable)
-            return self._wait_out(problem)
-        assert action is Action.BUSY and isinstance(problem, LeaseHeld), action
-        if state is not None and state.owner:  # name the holder, its task id too
-            problem = LeaseHeld(self.key, _holder(state), problem.expires_in)
-        return self._busy(problem)
-
-    def _busy(self, held: LeaseHeld) -> Ending:
-        """Another task id holds the key: ``fence_on_busy`` decides. "retry" looks again (sooner than the
-        holder's ttl, no ``max_retries`` spent) until the key is done or ``fence_busy_wait`` has passed."""
-        on_busy = self.config.on_busy
-        if on_busy == "ignore":  # ends ready, never PENDING: the caller learns who holds the key
-            self.host.report("duplicate", held.key, 0, reason="held", detail=str(held))
-            return Ending.ignoring(failure=held)
-        if on_busy == "fail" or self.attempt.eager:  # apply() has no queue to go back to
-            return Ending.raising(held)
-        now = self.runtime.wall()
-        since = self.attempt.busy_since or now
-        if now - since >= self.config.busy_wait:
-            log.error("fence: %s gave up on busy key %r after %.0fs (fence_busy_wait)", self.name, held.key,
-                      now - since)
-            return Ending.raising(held)
-        looks = self.attempt.looks
-        countdown = self.policy.look_again_countdown(held.expires_in, looks)
-        return Ending.sending_again(countdown, {BUSY_SINCE: since, LOOKS: looks + 1}, shown_as_retry=held)
-
-    def _wait_out(self, exc: StoreUnavailable) -> Ending:
-        """The store did not answer the acquire: nothing ran, no lease is held. Send the message again later
-        until ``fence_store_wait`` has passed since the first failure; then give up with a record."""
-        now, wait = self.runtime.wall(), self.config.store_wait
-        since = self.attempt.waiting_since or now
-        waited = now - since
-        if self.attempt.eager or waited >= wait:
-            log.error(
-                "fence: gave up on %s (key %r): the store stayed unavailable for %.0fs (fence_store_wait "
-                "%gs); the body never ran: %s", self.name, self.key, waited, wait, exc,
-            )
-            self.host.report("gave up", self.key, 0, waited=waited)
-            reason = f"waiting out the unavailable store ({waited:.0f}s, fence_store_wait {wait:g}s)"
-            return Ending.raising(exc, record=self._record(reason))
-        countdown = self.policy.store_wait_countdown(self.attempt.waits, wait - waited)
-        log.warning(
-            "fence: store unavailable for %s (key %r), waiting it out (again in %.1fs, max_retries not "
-            "spent): %s", self.name, self.key, countdown, exc,
-        )
-        return self._send_again(countdown, {WAITING_SINCE: since, WAITS: self.attempt.waits + 1})
-
     # -- the body --
 
     def _run(self, lease: Lease, sent_at: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ending:
@@ -218,7 +130,7 @@ class Run:
                 action = decide(Facts(Event.BODY_UNKNOWN))
                 return self._end(action, fence, None, self.policy.interval, cause=exc)
             except BaseException as exc:
-                return self._end(decide(Facts(_body_event(exc))), fence, None, cause=exc)
+                return self._end(decide(Facts(body_event(exc))), fence, None, cause=exc)
             return self._complete(fence, result)
         finally:
             fence.abort()
@@ -263,7 +175,7 @@ class Run:
         deadline = deadline if deadline is not None else self.clock() + self.policy.ttl
         self.runtime.renewer.untrack(fence.lease)  # no renew of a lease whose completion may have committed
         failpoint("before-complete")
-        event = _returned_event(fence)
+        event = returned_event(fence)
         if event is Event.RETURNED_WORK_LOST:
             lost = StoreUnavailable(f"the run's transaction on key {self.key!r} was lost with earlier writes")
             return self._end(decide(Facts(event)), fence, None, self.policy.interval, cause=lost)
@@ -275,7 +187,7 @@ class Run:
                 return self._end(decide(Facts(Event.COMPLETED)), fence, result)
             except (StaleToken, StoreUnavailable) as exc:
                 cause: BaseException = exc
-                event = _completion_event(exc)
+                event = completion_event(exc)
             except BaseException as exc:  # interrupted with the reply due, or nothing sent (NotSerializable)
                 cause, event = exc, Event.COMPLETE_INTERRUPTED
                 if not isinstance(exc, Exception):  # SystemExit: the process goes; the store says the rest
@@ -333,7 +245,10 @@ class Run:
             fence.abort()
             return self._released(Ending.raising(cause), fence.lease)
         if action is Action.REQUEUE:
-            return self._resend(fence, countdown, cause, reason or "its outcome is unknown")
+            fence.abort()
+            return self.resends.resend(
+                fence.lease, countdown, cause, reason or "its outcome is unknown", reason == "completion"
+            )
         return self._refusal(action, fence, reason, cause)
 
     def _refusal(self, action: Action, fence: Fence, reason: str, cause: BaseException | None) -> Ending:
@@ -341,41 +256,14 @@ class Run:
         if action is Action.REFUSE_IGNORE:
             return Ending.ignoring()
         if action is Action.REFUSE_REQUEUE:
-            return self._resend(fence, 0.0, cause, reason or "refused, nobody took over")
+            fence.abort()
+            return self.resends.resend(fence.lease, 0.0, cause, reason or "refused, nobody took over", False)
         if action is Action.REFUSE_WINNER:
             return Ending.returning(None if self.state is None else self.state.result)
         assert action is Action.REFUSE_SUPERSEDED, action
         state = self.state
-        return Ending.raising(LeaseHeld(fence.key, _holder(state) if state else None,
+        return Ending.raising(LeaseHeld(fence.key, holder_of(state) if state else None,
                                         state.expires_in if state else None))
-
-    def _resend(self, fence: Fence, first: float, cause: BaseException | None, reason: str) -> Ending:
-        """The fence sends the run again (same id, no ``max_retries`` spent), handing its lease to the copy;
-        after ``fence_max_resends`` it gives up with a record instead."""
-        fence.abort()
-        resends = self.attempt.resends
-        if resends < self.config.max_resends:
-            countdown = self.policy.resend_countdown(first, resends)
-            return self._send_again(countdown, {RESENDS: resends + 1}, fence.lease, cause)
-        gave_up = GaveUp(self.key, resends, reason)
-        log.error("fence: %s: %s", self.name, gave_up)
-        record = self._record(f"after {resends} re-sends by the fence ({reason}): fence_max_resends")
-        if self.committed is not None or isinstance(cause, StoreUnavailable):  # it may have committed:
-            return Ending.ignoring(hand_back=fence.lease, record=record)  # never FAILURE
-        return Ending.raising(gave_up, hand_back=fence.lease, record=record)
-
-    def _send_again(
-        self,
-        countdown: float,
-        headers: dict[str, Any],
-        hand_back: Lease | None = None,
-        cause: BaseException | None = None,
-    ) -> Ending:
-        if self.attempt.eager:  # apply() has no queue to go back to: the caller sees why
-            if cause is not None:
-                return Ending.raising(cause, hand_back=hand_back)
-            return Ending.ignoring(hand_back=hand_back)
-        return Ending.sending_again(countdown, headers, hand_back)
 
     def _released(self, ending: Ending, lease: Lease) -> Ending:
         """Give the lease back now; a release that does not reach the store is owed (written once the store
@@ -387,39 +275,6 @@ class Run:
             self.runtime.owed.write(self.store, Released(self.attempt.task_id, lease))
         return ending
 
-    def _record(self, why: str) -> Stranded | None:
-        """The give-up record ``celery fence leases`` shows: ``name[id] gave up <why>``."""
-        if self.attempt.eager:  # apply() raises to its caller instead
-            return None
-        return Stranded(self.attempt.task_id, self.key, self.run_info, f"{self.name} gave up {why}")
-
-
-def _body_event(exc: BaseException) -> Event:
-    """What the body's exception means to Celery (and so to the run)."""
-    if isinstance(exc, Retry):
-        return Event.RETRIED
-    if isinstance(exc, Reject):
-        return Event.REJECTED
-    if isinstance(exc, Ignore):
-        return Event.IGNORED
-    if isinstance(exc, (SoftTimeLimitExceeded, TimeLimitExceeded)) or not isinstance(exc, Exception):
-        return Event.INTERRUPTED
-    return Event.RAISED
-
-
-def _returned_event(fence: Fence) -> Event:
-    if fence.work_lost:
-        return Event.RETURNED_WORK_LOST
-    return Event.RETURNED_BLOCK_UNDONE if fence.block_undone else Event.RETURNED
-
-
-def _completion_event(exc: StaleToken | StoreUnavailable) -> Event:
-    if isinstance(exc, StaleToken):
-        return Event.COMPLETE_REFUSED
-    log.warning("fence: completion unconfirmed, reading the key: %s", exc)
-    return Event.COMPLETE_UNKNOWN
-
-
 def quietly(fn: Any, *args: Any) -> Any:
     """Best-effort store calls on the way out: a failure leaves the lease to expire by its ttl."""
     try:
@@ -427,8 +282,3 @@ def quietly(fn: Any, *args: Any) -> Any:
     except FenceError as exc:
         log.warning("fence: %s failed: %s", getattr(fn, "__name__", fn), exc)
         return None
-
-
-def _holder(state: LeaseState) -> str:
-    task_id = (state.run or {}).get("id")
-    return f"{state.owner} (task {task_id})" if task_id else str(state.owner)

@@ -173,5 +173,6 @@ class _Transaction:
 def _lost(name: str, outcome: Outcome) -> BaseException:
     """What the caller meets when the store acted and the reply never reached it."""
     if outcome is Outcome.INTERRUPTED:  # as Celery's soft time limit lands: an exception in the caller
-        return SoftTimeLimitExceeded(f"injected: {name} acted at the store, then a time limit hit")
+        interrupted: BaseException = SoftTimeLimitExceeded(f"injected: {name} acted, then a time limit hit")
+        return interrupted
     return StoreUnavailable(f"injected: {name} acted at the store, then its reply was lost")

@@ -1,0 +1,149 @@
+"""How a run ends without running its body, and the fence's own sending again of a run (DESIGN.md §3).
+
+A run that cannot end now (an unavailable store, a key another task id holds, a refusal nobody took over,
+an unknown outcome) is sent again with the same task id and the same ``retries``: the fence never spends the
+task's ``max_retries``. Each kind is bounded by a setting of the fence (``fence_store_wait``,
+``fence_busy_wait``, ``fence_max_resends``) and giving up leaves a record: the key marked given up in the
+store, the reason in the log. The headers that carry a wait's clock are that wait's own (:mod:`._headers`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ._decide import Action, holder_of
+from ._ending import Ending
+from ._headers import AWAITED, BUSY_SINCE, LOOKS, RESENDS, WAITING_SINCE, WAITS, Attempt, run_name
+from ._owed import Stranded
+from ._runtime import FenceRuntime
+from .config import FenceConfig
+from .errors import FenceError, GaveUp, LeaseHeld, StoreUnavailable
+from .lease import Lease, LeaseState
+
+__all__ = ["Resends"]
+
+log = logging.getLogger(__name__)
+
+
+class Resends:
+    """How one run is sent again, for :class:`~celery_fence.run.Run`."""
+
+    def __init__(
+        self, host: Any, runtime: FenceRuntime, config: FenceConfig, key: str, run_info: Any, attempt: Attempt
+    ) -> None:
+        self.host, self.runtime, self.config, self.policy = host, runtime, config, config.policy
+        self.key, self.run_info, self.attempt = key, run_info, attempt
+        self.name = run_name(attempt)
+
+    def take_back(self, state: LeaseState | None) -> None:
+        """The attempt that re-queued this copy still holds the key (its release failed): it ended, so give
+        its lease back for it (token-checked: a takeover in between makes this a no-op)."""
+        assert state is not None
+        try:
+            self.runtime.store.release(Lease(self.key, state.token, state.owner or ""))
+            log.info("fence: %s took %s back from its earlier attempt", self.name, self.key)
+        except StoreUnavailable as exc:
+            log.warning("fence: could not take %s back from its earlier attempt: %s", self.key, exc)
+
+    def unrun(self, action: Action, problem: FenceError | None, state: LeaseState | None) -> Ending:
+        """End a run whose body did not run, as the table said (``state``: the key as last read)."""
+        if action is Action.AWAIT_DELIVERY:
+            assert state is not None
+            log.info("fence: %s finished, not delivered yet: looks again later", self.key)
+            return self.send_again(self.policy.await_countdown, {AWAITED: state.token})
+        if action is Action.RETURN_STORED:
+            token = state.token if state is not None else getattr(problem, "token", 0)
+            self.host.report("duplicate", self.key, token, reason="done")
+            return Ending.returning(state.result if state is not None else getattr(problem, "result", None))
+        if action is Action.ABSORB:
+            self.host.report("duplicate", self.key, state.token if state else 0, reason="done")
+            return Ending.ignoring()
+        if action is Action.ABSORB_LATER:
+            assert isinstance(problem, LeaseHeld)
+            self.host.report("duplicate", self.key, 0, reason="held")
+            looks = self.attempt.looks
+            countdown = self.policy.look_again_countdown(problem.expires_in, looks)
+            return self.send_again(countdown, {LOOKS: looks + 1})
+        if action is Action.WAIT_OUT:
+            assert isinstance(problem, StoreUnavailable)
+            return self.wait_out(problem)
+        assert action is Action.BUSY and isinstance(problem, LeaseHeld), action
+        if state is not None and state.owner:  # name the holder, its task id too
+            problem = LeaseHeld(self.key, holder_of(state), problem.expires_in)
+        return self.busy(problem)
+
+    def busy(self, held: LeaseHeld) -> Ending:
+        """Another task id holds the key: ``fence_on_busy`` decides. "retry" looks again (sooner than the
+        holder's ttl, no ``max_retries`` spent) until the key is done or ``fence_busy_wait`` has passed."""
+        on_busy = self.config.on_busy
+        if on_busy == "ignore":  # ends ready, never PENDING: the caller learns who holds the key
+            self.host.report("duplicate", held.key, 0, reason="held", detail=str(held))
+            return Ending.ignoring(failure=held)
+        if on_busy == "fail" or self.attempt.eager:  # apply() has no queue to go back to
+            return Ending.raising(held)
+        now = self.runtime.wall()
+        since = self.attempt.busy_since or now
+        if now - since >= self.config.busy_wait:
+            log.error("fence: %s gave up on busy key %r after %.0fs (fence_busy_wait)", self.name, held.key,
+                      now - since)
+            return Ending.raising(held)
+        looks = self.attempt.looks
+        countdown = self.policy.look_again_countdown(held.expires_in, looks)
+        return Ending.sending_again(countdown, {BUSY_SINCE: since, LOOKS: looks + 1}, shown_as_retry=held)
+
+    def wait_out(self, exc: StoreUnavailable) -> Ending:
+        """The store did not answer the acquire: nothing ran, no lease is held. Send the message again later
+        until ``fence_store_wait`` has passed since the first failure; then give up with a record."""
+        now, wait = self.runtime.wall(), self.config.store_wait
+        since = self.attempt.waiting_since or now
+        waited = now - since
+        if self.attempt.eager or waited >= wait:
+            log.error(
+                "fence: gave up on %s (key %r): the store stayed unavailable for %.0fs (fence_store_wait "
+                "%gs); the body never ran: %s", self.name, self.key, waited, wait, exc,
+            )
+            self.host.report("gave up", self.key, 0, waited=waited)
+            reason = f"waiting out the unavailable store ({waited:.0f}s, fence_store_wait {wait:g}s)"
+            return Ending.raising(exc, record=self.record(reason))
+        countdown = self.policy.store_wait_countdown(self.attempt.waits, wait - waited)
+        log.warning(
+            "fence: store unavailable for %s (key %r), waiting it out (again in %.1fs, max_retries not "
+            "spent): %s", self.name, self.key, countdown, exc,
+        )
+        return self.send_again(countdown, {WAITING_SINCE: since, WAITS: self.attempt.waits + 1})
+
+    def resend(
+        self, lease: Lease, first: float, cause: BaseException | None, reason: str, may_have_committed: bool
+    ) -> Ending:
+        """The fence sends the run again (same id, no ``max_retries`` spent), handing its lease to the copy;
+        after ``fence_max_resends`` it gives up with a record instead."""
+        resends = self.attempt.resends
+        if resends < self.config.max_resends:
+            countdown = self.policy.resend_countdown(first, resends)
+            return self.send_again(countdown, {RESENDS: resends + 1}, lease, cause)
+        gave_up = GaveUp(self.key, resends, reason)
+        log.error("fence: %s: %s", self.name, gave_up)
+        record = self.record(f"after {resends} re-sends by the fence ({reason}): fence_max_resends")
+        if may_have_committed:
+            return Ending.ignoring(hand_back=lease, record=record)  # never FAILURE
+        return Ending.raising(gave_up, hand_back=lease, record=record)
+
+    def send_again(
+        self,
+        countdown: float,
+        headers: dict[str, Any],
+        hand_back: Lease | None = None,
+        cause: BaseException | None = None,
+    ) -> Ending:
+        if self.attempt.eager:  # apply() has no queue to go back to: the caller sees why
+            if cause is not None:
+                return Ending.raising(cause, hand_back=hand_back)
+            return Ending.ignoring(hand_back=hand_back)
+        return Ending.sending_again(countdown, headers, hand_back)
+
+    def record(self, why: str) -> Stranded | None:
+        """The give-up record ``celery fence leases`` shows: ``name[id] gave up <why>``."""
+        if self.attempt.eager:  # apply() raises to its caller instead
+            return None
+        return Stranded(self.attempt.task_id, self.key, self.run_info, f"{self.name} gave up {why}")
