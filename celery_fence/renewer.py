@@ -61,13 +61,19 @@ class _Tracked:
 class Renewer:
     """Renews tracked leases in the background. ``tick()`` is one pass, callable directly in tests."""
 
-    def __init__(self, store: Store, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        store: Store,
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
+        background: bool = True,
+    ) -> None:
         self.store, self.interval, self.clock = store, interval, clock
         self._leases: dict[Lease, _Tracked] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._stopping = False
+        self._stopping = not background  # no thread: whoever made it calls tick() (a simulation)
         self.round_trips = 0  # renew calls sent: observable by tests and benchmarks
         self.restarts = 0  # threads that died and were replaced: observable by tests
 

@@ -1,0 +1,199 @@
+"""``Run`` without Celery (issue 25): a fake host, the memory store, a fake clock, a renewer with no thread.
+
+Each test drives the real run through one exit and checks the ending it returns as data, the store, and
+that every pause went through the runtime's sleep (the fake clock), never real time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery.exceptions import SoftTimeLimitExceeded
+
+from celery_fence import GaveUp, LeaseHeld, StoreUnavailable
+from celery_fence._ending import Ending, Kind
+from celery_fence._headers import Attempt
+from celery_fence._owed import Released
+from celery_fence._runtime import FenceRuntime
+from celery_fence.fence import Fence
+from celery_fence.renewer import Renewer
+from celery_fence.run import Run
+from celery_fence.stores.memory import MemoryStore
+from celery_fence.testing import FakeClock, Fault, IndeterminateStore, Outcome
+
+TTL = 30.0
+
+
+class Host:
+    """What a run asks of its task, recorded."""
+
+    def __init__(self, body: Callable[[Any], Any], outcome: str | None = None) -> None:
+        self._body, self._outcome = body, outcome
+        self.fence: Fence | None = None
+        self.bodies = 0
+        self.reports: list[tuple[str, str]] = []
+
+    def body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.bodies += 1
+        assert self.fence is not None
+        return self._body(self.fence)
+
+    def outcome(self) -> str | None:
+        return self._outcome
+
+    def acquired(self, fence: Fence) -> None:
+        self.fence = fence
+
+    def released(self, fence: Fence) -> None:
+        self.fence = None
+
+    def report(self, what: str, key: str, token: int, **fields: Any) -> None:
+        self.reports.append((what, key))
+
+
+class World:
+    def __init__(self, **conf: Any) -> None:
+        self.clock = FakeClock()
+        self.memory = MemoryStore(clock=self.clock)
+        self.store = IndeterminateStore(self.memory)
+        app = SimpleNamespace(conf={"fence_store_url": "memory://", "fence_lease_ttl": TTL, **conf})
+        self.runtime = FenceRuntime(app)
+        self.runtime._store = self.store  # type: ignore[assignment]
+        self.runtime.clock = self.runtime.wall = self.clock
+        self.slept: list[float] = []
+        self.runtime.sleep = self._sleep
+        self.runtime._renewer = Renewer(self.store, TTL / 3, self.clock, background=False)  # type: ignore[arg-type]
+
+    def _sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.clock.advance(seconds)
+
+    def run(self, host: Host, task_id: str = "t-1", **attempt: Any) -> Ending:
+        run = Run(host, self.runtime, self.runtime.config, "k", {"id": task_id}, Attempt(task_id, **attempt))
+        return run.execute((), {})
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+def test_a_returned_body_completes(world: World) -> None:
+    ending = world.run(Host(lambda fence: "v"))
+    assert ending == Ending.returning("v")
+    state = world.memory.get("k")
+    assert state is not None and state.done and state.result == "v"
+
+
+def test_a_raising_body_is_released_and_its_exception_raised(world: World) -> None:
+    error = ValueError("no")
+    ending = world.run(Host(lambda fence: (_ for _ in ()).throw(error)))
+    assert ending.kind is Kind.RAISE and ending.error is error
+    state = world.memory.get("k")
+    assert state is not None and state.expires_in is None and not state.done
+
+
+def test_a_failed_runs_lost_release_is_owed(world: World) -> None:
+    world.store.faults = [Fault(Outcome.BEFORE, method="release", rate=1.0)]
+    ending = world.run(Host(lambda fence: 1 / 0))
+    assert ending.kind is Kind.RAISE and isinstance(ending.error, ZeroDivisionError)
+    assert len(world.runtime.owed) == 1
+    assert isinstance(world.runtime.owed._pop(), Released)
+
+
+def test_a_time_limit_while_the_completions_reply_is_due_returns_the_stored_result(world: World) -> None:
+    world.store.faults = [Fault(Outcome.INTERRUPTED, method="complete")]
+    assert world.run(Host(lambda fence: "v")) == Ending.returning("v")
+
+
+def test_a_time_limit_before_the_completion_acted_is_the_runs_failure(world: World) -> None:
+    class Interrupting(IndeterminateStore):
+        def complete(self, lease: Any, result: Any) -> None:
+            raise SoftTimeLimitExceeded("before it acted")
+
+    world.runtime._store = Interrupting(world.memory)  # type: ignore[assignment]
+    ending = world.run(Host(lambda fence: "v"))
+    assert ending.kind is Kind.RAISE and isinstance(ending.error, SoftTimeLimitExceeded)
+    state = world.memory.get("k")
+    assert state is not None and not state.done and state.expires_in is None  # released
+
+
+def test_an_operators_release_sends_the_run_again_with_its_lease_handed_back(world: World) -> None:
+    def body(fence: Fence) -> str:
+        world.memory.force_release("k")
+        return "late"
+
+    ending = world.run(Host(body), retries=3)
+    assert ending.kind is Kind.SEND_AGAIN and ending.headers == {"fence_resends": 1}
+    assert ending.hand_back is not None and ending.error is None
+    assert ending.countdown == 0.0  # the first re-send goes at once
+
+
+def test_the_fences_resends_are_bounded_and_giving_up_leaves_a_record(world: World) -> None:
+    def body(fence: Fence) -> str:
+        world.memory.force_release("k")
+        return "late"
+
+    ending = world.run(Host(body), resends=20)
+    assert ending.kind is Kind.RAISE and isinstance(ending.error, GaveUp)
+    assert ending.record is not None and "gave up after 20 re-sends" in ending.record.reason
+
+
+def test_a_busy_key_is_polled_sooner_than_the_holders_ttl_then_given_up(world: World) -> None:
+    world.memory.acquire("k", "someone-else", TTL)
+    host = Host(lambda fence: "never")
+    ending = world.run(host)
+    assert ending.kind is Kind.SEND_AGAIN and isinstance(ending.error, LeaseHeld)
+    assert ending.headers["fence_looks"] == 1 and ending.countdown == TTL / 3
+    late = world.run(host, busy_since=world.clock() - 3600.0)
+    assert late.kind is Kind.RAISE and isinstance(late.error, LeaseHeld)
+    assert host.bodies == 0
+
+
+def test_an_outage_at_acquire_is_waited_out_then_given_up_with_a_record(world: World) -> None:
+    world.store.faults = [Fault(Outcome.BEFORE, method="acquire", rate=1.0)]
+    ending = world.run(Host(lambda fence: "never"))
+    assert ending.kind is Kind.SEND_AGAIN and ending.headers["fence_waits"] == 1
+    assert world.slept and sum(world.slept) < TTL  # the acquire's own retries, on the fake clock
+    late = world.run(Host(lambda fence: "never"), waiting_since=world.clock() - 601.0, waits=5)
+    assert late.kind is Kind.RAISE and isinstance(late.error, StoreUnavailable) and late.record is not None
+
+
+def test_a_copy_of_a_task_id_that_ended_failure_is_not_run(world: World) -> None:
+    world.memory.acquire("k", "the-failed-run", TTL, {"id": "t-1"})
+    world.clock.advance(TTL + 1)  # its release was lost: the lease expired
+    host = Host(lambda fence: "again", outcome="FAILURE")
+    assert world.run(host).kind is Kind.IGNORE
+    assert host.bodies == 0
+    state = world.memory.get("k")
+    assert state is not None and state.expires_in is None and not state.done
+
+
+def test_a_step_does_not_start_once_the_lease_is_known_lost(world: World) -> None:
+    called: list[str] = []
+
+    def body(fence: Fence) -> Any:
+        fence.mark_lost("the renewer said so")
+        return fence.step("send", lambda: called.append("sent"))
+
+    host = Host(body)
+    ending = world.run(host)
+    assert called == []
+    assert ending.kind is Kind.SEND_AGAIN  # refused, nobody took over: sent again
+    assert ("refused", "k") in host.reports
+
+
+def test_the_renewer_reports_a_lost_lease_to_the_host(world: World) -> None:
+    def body(fence: Fence) -> Any:
+        world.memory.force_release("k")
+        world.clock.advance(TTL / 3)
+        world.runtime.renewer.tick()  # the renew is refused: the host hears of it at once
+        fence.check()
+
+    host = Host(body)
+    ending = world.run(host)
+    assert host.reports == [("lost", "k"), ("refused", "k")]
+    assert ending.kind is Kind.SEND_AGAIN
