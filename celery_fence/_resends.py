@@ -50,8 +50,12 @@ class Resends:
         """End a run whose body did not run, as the table said (``state``: the key as last read)."""
         if action is Action.AWAIT_DELIVERY:
             assert state is not None
-            log.info("fence: %s finished, not delivered yet: looks again later", self.key)
-            return self.send_again(self.policy.await_countdown, {AWAITED: state.token})
+            countdown = self.policy.await_countdown
+            log.info(
+                "fence: %s finds %s finished, not delivered yet: looks again in %.1fs",
+                self.name, self.key, countdown,
+            )
+            return self.send_again(countdown, {AWAITED: state.token})
         if action is Action.RETURN_STORED:
             token = state.token if state is not None else getattr(problem, "token", 0)
             self.host.report("duplicate", self.key, token, reason="done")
