@@ -35,6 +35,7 @@ class Faults(Protocol):
     def pause(self) -> None: ...
     def dying(self) -> None: ...
     def alive(self) -> None: ...
+    transactions: list[Any]
 
 
 class SimStore:
@@ -55,7 +56,10 @@ class SimStore:
         outcome = self.faults.outcome(name, _key_of(args), options)
         if outcome == "ok":
             result = fn(*args, **kwargs)
-            return _Transaction(self, result) if name == "begin_run" else result
+            if name != "begin_run":
+                return result
+            self.faults.transactions.append(result)
+            return _Transaction(self, result)
         return self._misbehave(name, outcome, lambda: fn(*args, **kwargs))
 
     def _misbehave(self, name: str, outcome: str, act: Any) -> Any:

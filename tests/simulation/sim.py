@@ -36,7 +36,7 @@ TABLES = (  # the body's effects, and a row its insert-if-absent always finds
     "CREATE TABLE IF NOT EXISTS sim_unique (k TEXT PRIMARY KEY)",
     "INSERT INTO sim_unique SELECT 'taken' WHERE NOT EXISTS (SELECT 1 FROM sim_unique)",
 )
-STORE_WAIT = 20.0  # fence_store_wait: a retry's default countdown (180 s) is longer
+STORE_WAIT = 60.0  # fence_store_wait: a retry's longest countdown here (180 s) is longer
 
 
 class SimTask(FencedTask):  # type: ignore[misc]
@@ -60,6 +60,8 @@ class Simulator:
         self.sql_store = sql_store
         self.sql = sql_store is not None
         self.world: World | None = None
+        self.transactions: list[Any] = []  # the runs' transactions (SimStore): open ones hold the time
+        self._behind = 0.0  # seconds the SQL store's stored times still have to move back
         self._numbers = itertools.count(1)
         self.app = app = Celery("sim", broker="memory://", backend="cache+memory://", set_as_current=False)
         app.conf.update(
@@ -130,14 +132,25 @@ class Simulator:
     # -- time --
 
     def move(self, seconds: float) -> None:
-        """The clock moves on; a SQL store's stored times move back by as much (store time moves on)."""
+        """The clock moves on; a SQL store's stored times move back by as much (store time moves on).
+
+        Not while a run's transaction is open (it locks the lease row; on SQLite the whole database): the
+        stored times move once it has ended, at the next move or the end of the delivery (``catch_up``).
+        """
         self.clock.advance(seconds)
-        if self.sql:
-            with self.sql_store.engine.begin() as conn:
-                conn.execute(text(
-                    "UPDATE fence_leases SET expires_at = expires_at - :s, finished_at = finished_at - :s, "
-                    "recovered_at = recovered_at - :s"
-                ), {"s": seconds})
+        self._behind += seconds
+        self.catch_up()
+
+    def catch_up(self) -> None:
+        if not self.sql or not self._behind or any(tx.open for tx in self.transactions):
+            return
+        self.transactions = []
+        with self.sql_store.engine.begin() as conn:
+            conn.execute(text(
+                "UPDATE fence_leases SET expires_at = expires_at - :s, finished_at = finished_at - :s, "
+                "recovered_at = recovered_at - :s"
+            ), {"s": self._behind})
+        self._behind = 0.0
 
     def _sleep(self, seconds: float) -> None:
         self._world().advance(max(0.0, float(seconds)))

@@ -49,13 +49,13 @@ def test_programs_through_eager_apply(memory_sim: Simulator, data: Any) -> None:
     run_checked(memory_sim, Drawn(data), "memory", eager=True)
 
 
-@short(400)
+@short(60)
 @given(data=st.data())
 def test_programs_on_sqlite(sqlite_sim: Simulator, data: Any) -> None:
     run_checked(sqlite_sim, Drawn(data), "sqlite")
 
 
-@short(100)
+@short(20)
 @given(data=st.data())
 def test_programs_on_postgresql(postgres_sim: Simulator, data: Any) -> None:
     run_checked(postgres_sim, Drawn(data), "postgresql")

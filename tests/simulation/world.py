@@ -28,21 +28,24 @@ from .faults import WorkerDied
 
 __all__ = ["TTL", "World"]
 
-TTL = 3.0
-INTERVAL = 1.0
-GRACE = 1.0
+# Long enough that the milliseconds of real time a program takes never decide an expiry on a SQL store
+# (their clock is real time, moved back by the simulation's: ``Simulator.move``).
+TTL = 30.0
+INTERVAL = 10.0
+GRACE = 10.0
+PAST_TTL = TTL + 5.0
 MAX_ACTIONS = 8
 MAX_OPS = 4
 SETTLE_STEPS = 80
-FAULT_WEIGHTS = (24, 1, 1, 1, 1, 1, 1)  # ok, before, lost, late, hang, die, base
+FAULT_WEIGHTS = {"rare": (24, 1, 1, 1, 1, 1, 1), "often": (4, 1, 1, 1, 1, 1, 1)}  # ok, before, ... base
 ENDS = ("return", "raise", "retry", "reject", "ignore", "soft_limit", "sysexit", "late_base")
 USER_ENDS = {"raise", "retry-none", "reject", "ignore", "soft_limit", "sysexit"}
 PLAIN_OPS = ("step", "work", "check")
 SQL_OPS = ("tx", "tx_caught")
 WILD_OPS = ("lose", "expire", "admin_release", "nested")
 ACTIONS = ("end", "deliver", "duplicate", "send_new", "admin_release", "advance", "prune", "recover", "pause",
-           "actor_acquire")
-ACTION_WEIGHTS = (2, 8, 2, 2, 1, 1, 1, 1, 1, 1)
+           "actor_acquire", "outage")
+ACTION_WEIGHTS = (2, 8, 2, 2, 1, 1, 1, 1, 1, 1, 2)
 OP_WEIGHTS = {"return": 6, "step": 3, "tx": 3, "tx_caught": 2, "nested": 2}  # 1 for the others
 
 
@@ -89,6 +92,8 @@ class World:
         self.seen: list[Message] = []
         self.stack: list[Delivery] = []
         self.calm = False
+        self.down = False  # a store outage: every call of a run fails before the store acts
+        self.faults = "rare"  # how often a store call misbehaves (drawn per program)
         self.origin = ""  # who sends now: "recovery" during a recovery pass
         self.keys: list[int] = []
         self.pruned: dict[str, Any] = {}  # key -> its state before it was pruned
@@ -100,7 +105,7 @@ class World:
     def now(self) -> float:
         return float(self.sim.clock())
 
-    def pause(self, seconds: float = TTL + 0.5) -> None:
+    def pause(self, seconds: float = PAST_TTL) -> None:
         """Time passes with nothing renewed (a paused process, a hung call): leases expire at the store."""
         self.say(f"  clock +{seconds:g}s (no renew)")
         self.sim.move(seconds)
@@ -118,8 +123,13 @@ class World:
     def outcome(self, call: str, key: str | None, options: tuple[str, ...]) -> str:
         if self.calm or not self.stack:
             outcome = "ok"
+        elif self.down:  # the store is down: nothing reaches it
+            outcome = "before"
         else:
-            outcome = self.chooser.choose(f"{call} outcome", options, FAULT_WEIGHTS[: len(options)])
+            if self.eager:  # apply() has no broker to redeliver a dead worker's message
+                options = tuple(o for o in options if o != "die")
+            weights = FAULT_WEIGHTS[self.faults][: len(options)]
+            outcome = self.chooser.choose(f"{call} outcome", options, weights)
         if not self.stack:
             return outcome
         task_id = self.stack[-1].message.id
@@ -129,6 +139,7 @@ class World:
             self.say(f"    store {call}({key}) -> {outcome}")
         else:
             self.rec.outage_since.pop(task_id, None)
+            self.say(f"    store {call}({key})")
         return outcome
 
     def dying(self) -> None:
@@ -190,6 +201,7 @@ class World:
             self._store_failure(message.id, result)
         finally:
             self.stack.pop()
+            self.sim.catch_up()
         self.say(f"  -> {'failed/ignored' if failed else 'SUCCESS'}: {result!r:.120}")
         if delivery.clean and delivery.returned and failed:
             self.violation(
@@ -201,7 +213,9 @@ class World:
         if not self.eager:
             return self.sim.broker.deliver(message)
         args, kwargs, _ = json.loads(message.body)
-        result = self.sim.work.apply(args, kwargs, task_id=message.id, retries=message.headers.get("retries"))
+        sim = self.sim
+        result = sim.work.apply(args, kwargs, task_id=message.id, retries=message.headers.get("retries"),
+                                link=sim.link.s(), link_error=sim.errback.s())
         self.rec.eager[message.id] = (result.state, result.result)
         return (0 if result.state == states.SUCCESS else 1), result.result
 
@@ -330,7 +344,8 @@ class World:
         """One recovery pass (``celery fence recover``); what it sends is marked as recovery's."""
         self.origin = "recovery"
         try:
-            report = recover_abandoned(self.sim.app, self.raw, GRACE, self.sim.runtime.config.max_recoveries)
+            store = _Scoped(self.raw, self.prefix)
+            report = recover_abandoned(self.sim.app, store, GRACE, self.sim.runtime.config.max_recoveries)
         finally:
             self.origin = ""
         if report.resent or report.dead:
@@ -341,7 +356,9 @@ class World:
         choose = self.chooser.choose
         self.sim.work.max_retries = choose("max_retries", (1, 3))
         self.keys = list(range(choose("keys", (1, 2))))
-        self.say(f"program {self.prefix}: max_retries={self.sim.work.max_retries}, keys={self.keys}")
+        self.faults = choose("faults", ("rare", "often"))
+        self.say(f"program {self.prefix}: max_retries={self.sim.work.max_retries}, keys={self.keys}, "
+                 f"store faults {self.faults}")
         for n in self.keys:
             self.send_new(n)
         for _ in range(MAX_ACTIONS):
@@ -357,7 +374,7 @@ class World:
             message = choose("message", self.queue)
             self.queue.remove(message)
             self.deliver(message)
-        elif action == "duplicate" and self.seen:  # the broker delivers a copy (same task id)
+        elif action == "duplicate" and self.seen and not self.eager:  # the broker delivers a copy (same id)
             original = choose("message", self.seen)
             self.say(f"the broker delivers a duplicate of {original.id}")
             if self.rec.tasks.get(original.id) in self.pruned:
@@ -376,9 +393,12 @@ class World:
         elif action == "recover":
             self.recover()
         elif action == "pause":
-            self.advance(choose("pause", (INTERVAL, TTL + 1.0, 200.0)))
+            self.advance(choose("pause", (INTERVAL, PAST_TTL, 600.0)))
         elif action == "actor_acquire":
             self.actor_acquire()
+        elif action == "outage":
+            self.down = not self.down
+            self.say(f"the store {'goes down' if self.down else 'is back'}")
 
     def prune(self) -> None:
         """``celery fence prune``: only once nothing of this program is queued, and its pruned keys are
@@ -408,7 +428,7 @@ class World:
 
     def settle(self) -> None:
         """No more faults: deliver what is queued, run recovery passes, until nothing moves."""
-        self.calm = True
+        self.calm, self.down = True, False
         self.say("settle (no more faults)")
         for _ in range(SETTLE_STEPS):
             if self.queue:
@@ -420,3 +440,17 @@ class World:
             if not self.recover().resent:
                 return
         self.violation(f"never settled: {len(self.queue)} messages left after {SETTLE_STEPS} steps")
+
+
+class _Scoped:
+    """The store as this program's recovery pass sees it: its own keys only (a SQL store serves them all)."""
+
+    def __init__(self, store: Any, prefix: str) -> None:
+        self.store, self.prefix = store, prefix
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def abandoned(self, grace: float, limit: int = 100) -> list[Any]:
+        found = self.store.abandoned(grace, 10_000)
+        return [a for a in found if f":{self.prefix}" in a.key][:limit]
