@@ -55,6 +55,14 @@ def _effects(world: World, key: str, token: int | None) -> list[str]:
         return []
     with world.raw.engine.connect() as conn:
         rows = conn.execute(text("SELECT token FROM sim_effects WHERE key = :k"), {"k": key}).all()
+        counts = conn.execute(
+            text("SELECT name, count(*) FROM sim_steps WHERE key = :k GROUP BY name"), {"k": key}
+        ).all()
+    recorded = world.raw.steps(key) if key not in world.pruned else {}
+    steps = {str(name): int(n) for name, n in counts}
+    wrong = {name: n for name, n in steps.items() if n != 1 or (recorded and name not in recorded)}
+    if wrong:
+        return [f"{key}: atomic steps' writes committed {wrong} times (step records: {sorted(recorded)})"]
     writes = sum(r.writes for runs in world.rec.bodies.values() for r in runs if r.token == token)
     tokens = sorted(int(row[0]) for row in rows)
     if token is None and tokens:

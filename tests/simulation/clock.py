@@ -1,4 +1,5 @@
-"""The simulation's one clock, and the one adapter that makes the run code use it.
+"""The simulation's one clock, and the one adapter that makes the run code use it (and, for the printed
+program, one that reports the run's decisions).
 
 Store time, the workers' monotonic time and wall time are one number here (``FakeClock``); a sleep moves it
 at once. Main is being refactored so that ``FenceRuntime`` carries ``clock`` and ``sleep`` (issue 25): when
@@ -14,7 +15,7 @@ from typing import Any
 
 from celery_fence import fence, run, task
 
-__all__ = ["install_clock"]
+__all__ = ["install_clock", "trace_decisions"]
 
 _MODULES = (run, task, fence)
 
@@ -41,3 +42,27 @@ def install_clock(
             module.time = original  # type: ignore[attr-defined]
 
     return undo_modules
+
+
+def trace_decisions(say: Callable[[str], None]) -> Callable[[], None]:
+    """Print each decision of the run's table that is not the plain path in the program (``run.decide``,
+    where the run module names it; nothing otherwise). Returns the undo."""
+    decide = getattr(run, "decide", None)
+    if decide is None:
+        return lambda: None
+
+    def traced(facts: Any) -> Any:
+        action = decide(facts)
+        plain = {("acquired", "run"), ("returned", "complete"), ("completed", "succeed")}
+        names = (getattr(facts.event, "value", facts.event), getattr(action, "value", action))
+        if names not in plain:
+            view = getattr(facts, "view", None)
+            say(f"    fence decides: {names[0]}, {getattr(view, 'value', view)} -> {names[1]}")
+        return action
+
+    run.decide = traced  # type: ignore[attr-defined]
+
+    def undo() -> None:
+        run.decide = decide  # type: ignore[attr-defined]
+
+    return undo

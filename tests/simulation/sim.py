@@ -25,15 +25,16 @@ from celery_fence.testing import FakeClock
 
 from .broker import SimBroker
 from .chooser import Chooser
-from .clock import install_clock
+from .clock import install_clock, trace_decisions
 from .faults import SimStore
 from .world import INTERVAL, TTL, World
 
 __all__ = ["Simulator"]
 
-TABLES = (  # the body's effects, and a row its insert-if-absent always finds
+TABLES = (  # the body's effects, a row its insert-if-absent always finds, the atomic steps' effects
     "CREATE TABLE IF NOT EXISTS sim_effects (key TEXT, token BIGINT, task TEXT)",
     "CREATE TABLE IF NOT EXISTS sim_unique (k TEXT PRIMARY KEY)",
+    "CREATE TABLE IF NOT EXISTS sim_steps (key TEXT, name TEXT, token BIGINT)",
     "INSERT INTO sim_unique SELECT 'taken' WHERE NOT EXISTS (SELECT 1 FROM sim_unique)",
 )
 STORE_WAIT = 60.0  # fence_store_wait: a retry's longest countdown here (180 s) is longer
@@ -71,10 +72,12 @@ class Simulator:
         self._define_tasks(app)
         self.runtime = runtime_for(app)
         self.undo_clock = install_clock(self.runtime, self.clock, self._sleep)
+        self.undo_trace = trace_decisions(lambda line: self.world.say(line) if self.world else None)
         self.broker = SimBroker(app, self.clock, lambda message: self._world().sent(message))
         uid = f"sim-{id(self)}"
         store_wait_exhausted.connect(self._gave_up, weak=False, dispatch_uid=f"{uid}-gave-up")
         if self.sql:
+            sql_store.migrate()  # the stored times move from the first program on
             with sql_store.engine.begin() as conn:
                 for statement in TABLES:
                     conn.execute(text(statement))
@@ -171,6 +174,7 @@ class Simulator:
 
     def close(self) -> None:
         self.undo_clock()
+        self.undo_trace()
         store_wait_exhausted.disconnect(dispatch_uid=f"sim-{id(self)}-gave-up")
         self.runtime._store = None
         self.runtime.close()

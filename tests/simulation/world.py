@@ -41,8 +41,8 @@ FAULT_WEIGHTS = {"rare": (24, 1, 1, 1, 1, 1, 1), "often": (4, 1, 1, 1, 1, 1, 1)}
 ENDS = ("return", "raise", "retry", "reject", "ignore", "soft_limit", "sysexit", "late_base")
 USER_ENDS = {"raise", "retry-none", "reject", "ignore", "soft_limit", "sysexit"}
 PLAIN_OPS = ("step", "work", "check")
-SQL_OPS = ("tx", "tx_caught")
-WILD_OPS = ("lose", "expire", "admin_release", "nested")
+SQL_OPS = ("tx", "tx_caught", "atomic_step")
+WILD_OPS = ("lose", "expire", "admin_release", "nested", "owner_reuse")
 ACTIONS = ("end", "deliver", "duplicate", "send_new", "admin_release", "advance", "prune", "recover", "pause",
            "actor_acquire", "outage")
 ACTION_WEIGHTS = (2, 8, 2, 2, 1, 1, 1, 1, 1, 1, 2)
@@ -202,7 +202,10 @@ class World:
         finally:
             self.stack.pop()
             self.sim.catch_up()
-        self.say(f"  -> {'failed/ignored' if failed else 'SUCCESS'}: {result!r:.120}")
+        status, stored = self.status(message.id)
+        shown = result if self.eager or not failed else stored
+        ended = "ended without SUCCESS" if failed else "returned"
+        self.say(f"  -> {ended}; the backend says {status} {shown!r:.120}")
         if delivery.clean and delivery.returned and failed:
             self.violation(
                 f"{message.id}: its body returned and every store call answered, yet it ended "
@@ -286,6 +289,8 @@ class World:
                 conn.execute(text("INSERT INTO sim_effects VALUES (:k, :t, :id)"),
                              {"k": fence.key, "t": fence.token, "id": run.task_id})
             run.writes += 1
+        elif op == "atomic_step":  # its write commits with its step record, once per key
+            fence.atomic_step(f"a{i}", self._atomic_fn(fence, f"a{i}"))
         elif op == "tx_caught":  # insert-if-absent: the row is there, IntegrityError, caught
             try:
                 with fence.transaction() as conn:
@@ -307,16 +312,32 @@ class World:
             if self.sql and fence.joined:  # SQLite: one write lock, held by this run's transaction
                 return
             self.nested()
+        elif op == "owner_reuse":  # another client acquires this key with the run's owner string
+            if self.sql and fence.joined and self.sim.sql_store.url.startswith("sqlite"):
+                return
+            self.actor_acquire(fence.key, fence.lease.owner)
 
     def _step_fn(self, fence: Any, name: str) -> Any:
         def effect() -> str:
-            if fence.lost:
-                self.violation(f"step {name} of {fence.key} ran its function after the lease was known lost")
-            if name in self.raw.steps(fence.key):
-                self.violation(f"step {name} of {fence.key} ran its function after the step committed")
+            self._step_called(fence, name)
             return f"value of {name}"
 
         return effect
+
+    def _atomic_fn(self, fence: Any, name: str) -> Any:
+        def effect(conn: Any) -> str:
+            self._step_called(fence, name)
+            conn.execute(text("INSERT INTO sim_steps VALUES (:k, :n, :t)"),
+                         {"k": fence.key, "n": name, "t": fence.token})
+            return f"value of {name}"
+
+        return effect
+
+    def _step_called(self, fence: Any, name: str) -> None:
+        if fence.lost:
+            self.violation(f"step {name} of {fence.key} ran its function after the lease was known lost")
+        if name in self.raw.steps(fence.key):
+            self.violation(f"step {name} of {fence.key} ran its function after the step committed")
 
     # -- actions of the program (top level, or nested inside a body) --
 
@@ -411,10 +432,10 @@ class World:
                 self.pruned[self.key_of(n)] = state
         self.say(f"admin: celery fence prune -> {self.raw.prune(0.0)} (keys {sorted(self.pruned)})")
 
-    def actor_acquire(self) -> None:
+    def actor_acquire(self, key: str = "", owner: str = "") -> None:
         """The store API used directly, with a repeated owner string (issue 25 finding 8)."""
-        key = f"actor:{self.prefix}{self.chooser.choose('actor key', (0, 1))}"
-        owner = self.chooser.choose("actor owner", ("actor-a", "actor-b"))
+        key = key or f"actor:{self.prefix}{self.chooser.choose('actor key', (0, 1))}"
+        owner = owner or self.chooser.choose("actor owner", ("actor-a", "actor-b"))
         try:
             lease = self.raw.acquire(key, owner, TTL)
         except FenceError as exc:
@@ -422,6 +443,8 @@ class World:
             return
         self.say(f"actor: acquire {key} as {owner} -> token {lease.token}")
         self.rec.acquired.append((key, lease.token, owner))
+        if not key.startswith("actor:"):
+            return  # the run's key: it keeps running
         if self.chooser.choose("actor then", ("keep", "release")) == "release":
             self.raw.release(lease)
             self.say(f"actor: release {key} token {lease.token}")
