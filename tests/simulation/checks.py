@@ -89,7 +89,8 @@ def _task(world: World, task_id: str, state: Any, committed_by: str | None) -> l
         elif result != state.result:
             problems.append(f"{where}: SUCCESS with {result!r}, the key holds {state.result!r}")
         if links != 1:
-            problems.append(f"{where}: SUCCESS, and its link callback fired {links} times")
+            whose = "its own run finished the key" if task_id == committed_by else "another task id did"
+            problems.append(f"{where}: SUCCESS, and its link callback fired {links} times ({whose})")
         return problems
     if links:
         problems.append(f"{where}: ended {status}, yet its link callback fired {links} times")
