@@ -114,8 +114,7 @@ def _task(world: World, task_id: str, state: Any, committed_by: str | None) -> l
 
 def _tokens(world: World) -> list[str]:
     problems = []
-    runs = [(world.rec.tasks.get(r.task_id), r.token) for runs in world.rec.bodies.values() for r in runs]
-    answered = [(key, token) for key, token, _ in world.rec.acquired] + runs
+    answered = [(key, token) for key, token, _ in world.rec.acquired]  # the actor's and the runs', in order
     seen: set[tuple[Any, int]] = set()
     for key_token in answered:
         if key_token in seen:
@@ -124,6 +123,6 @@ def _tokens(world: World) -> list[str]:
     last: dict[str, int] = {}
     for key, token, owner in world.rec.acquired:
         if token <= last.get(key, 0):
-            problems.append(f"{key}: acquire as {owner} answered token {token} after token {last[key]}")
+            problems.append(f"{key}: an acquire ({owner}) answered token {token} after token {last[key]}")
         last[key] = max(token, last.get(key, 0))
     return problems

@@ -243,6 +243,7 @@ class World:
         self.rec.token_task[fence.token] = task_id
         run = BodyRun(task_id, fence.token, task.request.retries or 0)
         self.rec.bodies.setdefault(task_id, []).append(run)
+        self.rec.acquired.append((fence.key, fence.token, f"the run of {task_id}"))
         ops = ENDS + PLAIN_OPS + (SQL_OPS if self.sql else ()) + (() if self.calm else WILD_OPS)
         if self.calm:
             ops = tuple(op for op in ops if op not in ("soft_limit", "sysexit", "late_base"))
