@@ -208,8 +208,8 @@ class World:
         self.say(f"  -> {ended}; the backend says {status} {shown!r:.120}")
         if delivery.clean and delivery.returned and failed:
             self.violation(
-                f"{message.id}: its body returned and every store call answered, yet it ended "
-                f"{result!r:.200} instead of SUCCESS"
+                f"{message.id}: its body returned and every store call answered, yet it ended without "
+                f"SUCCESS (the backend says {status} {shown!r:.150})"
             )
 
     def _run(self, message: Message) -> tuple[int, Any]:
