@@ -55,6 +55,12 @@ def test_programs_on_sqlite(sqlite_sim: Simulator, data: Any) -> None:
     run_checked(sqlite_sim, Drawn(data), "sqlite")
 
 
+@short(30)
+@given(data=st.data())
+def test_programs_through_eager_apply_on_sqlite(sqlite_sim: Simulator, data: Any) -> None:
+    run_checked(sqlite_sim, Drawn(data), "sqlite", eager=True)
+
+
 @short(20)
 @given(data=st.data())
 def test_programs_on_postgresql(postgres_sim: Simulator, data: Any) -> None:
