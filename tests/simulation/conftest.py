@@ -39,7 +39,7 @@ def sqlite_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulator]:
 
 
 @pytest.fixture(scope="module")
-def postgres_sim(postgres_url: str) -> Iterator[Simulator]:
+def postgresql_sim(postgres_url: str) -> Iterator[Simulator]:
     with pg_schema_store(postgres_url) as store:
         sim = Simulator(store)
         yield sim

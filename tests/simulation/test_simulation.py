@@ -63,8 +63,8 @@ def test_programs_through_eager_apply_on_sqlite(sqlite_sim: Simulator, data: Any
 
 @short(20)
 @given(data=st.data())
-def test_programs_on_postgresql(postgres_sim: Simulator, data: Any) -> None:
-    run_checked(postgres_sim, Drawn(data), "postgresql")
+def test_programs_on_postgresql(postgresql_sim: Simulator, data: Any) -> None:
+    run_checked(postgresql_sim, Drawn(data), "postgresql")
 
 
 @pytest.mark.soak
