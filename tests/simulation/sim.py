@@ -37,6 +37,7 @@ TABLES = (  # the body's effects, a row its insert-if-absent always finds, the a
     "CREATE TABLE IF NOT EXISTS sim_steps (key TEXT, name TEXT, token BIGINT)",
     "INSERT INTO sim_unique SELECT 'taken' WHERE NOT EXISTS (SELECT 1 FROM sim_unique)",
 )
+_PROGRAMS = itertools.count(1)  # across simulators: task ids must not meet in the process's memory backend
 STORE_WAIT = 60.0  # fence_store_wait: a retry's longest countdown here (180 s) is longer
 
 
@@ -63,7 +64,6 @@ class Simulator:
         self.world: World | None = None
         self.transactions: list[Any] = []  # the runs' transactions (SimStore): open ones hold the time
         self._behind = 0.0  # seconds the SQL store's stored times still have to move back
-        self._numbers = itertools.count(1)
         self.app = app = Celery("sim", broker="memory://", backend="cache+memory://", set_as_current=False)
         app.conf.update(
             fence_store_url="memory://", fence_lease_ttl=TTL, fence_renew_interval=INTERVAL,
@@ -106,7 +106,7 @@ class Simulator:
 
     def run(self, chooser: Chooser, eager: bool = False) -> World:
         """One program: a fresh store (memory) or fresh keys (SQL), a fresh renewer, the program, settled."""
-        number = next(self._numbers)
+        number = next(_PROGRAMS)
         raw = self.sql_store if self.sql else MemoryStore(clock=self.clock)
         store = SimStore(raw, self)
         runtime = self.runtime
@@ -165,6 +165,8 @@ class Simulator:
         if world is None:
             return
         world.rec.gave_up.add(task_id)
+        if world.eager:  # apply() has no queue to wait in: it gives up at once, by design
+            return
         since = world.rec.outage_since.get(task_id, world.now())
         if world.now() - since < STORE_WAIT:
             world.violation(
