@@ -37,7 +37,7 @@ def soak(examples: int) -> Any:
     )
 
 
-@short(3000)
+@short(2000)
 @given(data=st.data())
 def test_programs_on_the_memory_store(memory_sim: Simulator, data: Any) -> None:
     run_checked(memory_sim, Drawn(data), "memory")
