@@ -46,6 +46,11 @@ WILD_OPS = ("lose", "expire", "admin_release", "nested", "owner_reuse")
 ACTIONS = ("end", "deliver", "duplicate", "send_new", "admin_release", "advance", "prune", "recover", "pause",
            "actor_acquire", "outage")
 ACTION_WEIGHTS = (2, 8, 2, 2, 1, 1, 1, 1, 1, 1, 2)
+ORIGINS = {  # who sent the message that ran a body again after its FAILURE
+    "recovery": "sent by recovery",
+    "duplicate": "a duplicate the broker delivered",
+    "twice": "a message sent before the FAILURE: the broker delivered it twice",
+}
 OP_WEIGHTS = {"return": 6, "step": 3, "tx": 3, "tx_caught": 2, "nested": 2}  # 1 for the others
 
 
@@ -238,8 +243,9 @@ class World:
 
     def body(self, task: Any, n: str) -> Any:
         delivery, fence, task_id = self.stack[-1], task.fence, task.request.id
-        if delivery.message.origin == "recovery" and self.status(task_id)[0] == states.FAILURE:
-            self.violation(f"{task_id} ran its body again, sent by recovery, after its FAILURE was stored")
+        if self.status(task_id)[0] == states.FAILURE:
+            how = ORIGINS.get(delivery.message.origin, ORIGINS["twice"])
+            self.violation(f"{task_id} ran its body again after its FAILURE was stored ({how})")
         self.rec.token_task[fence.token] = task_id
         run = BodyRun(task_id, fence.token, task.request.retries or 0)
         self.rec.bodies.setdefault(task_id, []).append(run)
@@ -401,7 +407,8 @@ class World:
             self.say(f"the broker delivers a duplicate of {original.id}")
             if self.rec.tasks.get(original.id) in self.pruned:
                 return
-            self.deliver(Message(**{**original.__dict__, "redelivered": True, "due": self.now()}))
+            self.deliver(Message(**{**original.__dict__, "redelivered": True, "due": self.now(),
+                                    "origin": "duplicate"}))
         elif action == "send_new":
             n = choose("key", self.keys)
             if self.key_of(n) not in self.pruned:
