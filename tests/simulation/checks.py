@@ -6,9 +6,9 @@ if the key is done, with its result; the run whose completion committed ends SUC
 did not end it ends ready (never PENDING with nobody responsible); a duplicate of another task id ends with
 the winner's result once the key is done; a link callback fires once per SUCCESS, never with an errback.
 Tokens: unique per key, and what an acquire answers was never answered before (any owner string);
-``celery_fence.verify`` clean. The checks made during the run (a body run again after its FAILURE, a step's function after
-the lease was known lost, a clean run that did not succeed, a give-up after a short outage) are in
-``World.rec.violations``.
+``celery_fence.verify`` clean. The checks made during the run (a body run again after its FAILURE, a step's
+function after the lease was known lost, a clean run that did not succeed, a give-up after a short outage)
+are in ``World.rec.violations``.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ ORIGINS = {  # who sent the message that ran a body again after its FAILURE
     "recovery": "sent by recovery",
     "duplicate": "a duplicate the broker delivered",
     "twice": "a message sent before the FAILURE: the broker delivered it twice",
+    "copy": "a copy the fence sent before the FAILURE (its fence_* headers)",
 }
 OP_WEIGHTS = {"return": 6, "step": 3, "tx": 3, "tx_caught": 2, "nested": 2}  # 1 for the others
 
@@ -244,7 +245,8 @@ class World:
     def body(self, task: Any, n: str) -> Any:
         delivery, fence, task_id = self.stack[-1], task.fence, task.request.id
         if self.status(task_id)[0] == states.FAILURE:
-            how = ORIGINS.get(delivery.message.origin, ORIGINS["twice"])
+            copy = any(name.startswith("fence_") for name in delivery.message.headers)
+            how = ORIGINS.get(delivery.message.origin, ORIGINS["copy" if copy else "twice"])
             self.violation(f"{task_id} ran its body again after its FAILURE was stored ({how})")
         self.rec.token_task[fence.token] = task_id
         run = BodyRun(task_id, fence.token, task.request.retries or 0)
