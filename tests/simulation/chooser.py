@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
-__all__ = ["Chooser", "Drawn", "Replay"]
+__all__ = ["Chooser", "Drawn", "Replay", "Scripted"]
 
 T = TypeVar("T")
 
@@ -63,3 +63,30 @@ class Replay(Chooser):
 
     def _next(self, label: str, total: int) -> int:
         return min(self._queue.pop(0), total - 1) if self._queue else 0
+
+
+class Scripted(Chooser):
+    """Decisions named by label, for writing a program by hand (the minimal programs of the findings file):
+    ``Scripted([("action", "deliver"), ("body op", "retry"), ...])``. Each entry is used by the next decision
+    of that label, in order (its value, or a predicate on the options); every other decision takes option 0.
+    ``program()`` is then the replay line of what ran."""
+
+    def __init__(self, script: Sequence[tuple[str, Any]]) -> None:
+        super().__init__()
+        self.script = list(script)
+
+    def choose(self, label: str, options: Sequence[T], weights: Sequence[int] | None = None) -> T:
+        weights = list(weights) if weights is not None else [1] * len(options)
+        index = 0
+        if self.script and self.script[0][0] == label:
+            want = self.script.pop(0)[1]
+            index = next(i for i, option in enumerate(options) if _matches(want, option))
+        if len(options) > 1:
+            self.numbers.append(sum(weights[:index]))
+        return options[index]
+
+
+def _matches(want: Any, option: Any) -> bool:
+    if callable(want):
+        return bool(want(option))
+    return bool(option == want or getattr(option, "id", None) == want)

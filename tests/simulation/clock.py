@@ -48,7 +48,7 @@ def trace_decisions(say: Callable[[str], None]) -> Callable[[], None]:
     """Print each decision of the run's table that is not the plain path in the program (``run.decide``,
     where the run module names it; nothing otherwise). Returns the undo."""
     decide = getattr(run, "decide", None)
-    if decide is None:
+    if decide is None or getattr(decide, "traced", False):  # none, or traced already (another simulator)
         return lambda: None
 
     def traced(facts: Any) -> Any:
@@ -60,6 +60,7 @@ def trace_decisions(say: Callable[[str], None]) -> Callable[[], None]:
             say(f"    fence decides: {names[0]}, {getattr(view, 'value', view)} -> {names[1]}")
         return action
 
+    traced.traced = True  # type: ignore[attr-defined]
     run.decide = traced  # type: ignore[attr-defined]
 
     def undo() -> None:

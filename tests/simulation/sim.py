@@ -37,8 +37,13 @@ TABLES = (  # the body's effects, a row its insert-if-absent always finds, the a
     "CREATE TABLE IF NOT EXISTS sim_steps (key TEXT, name TEXT, token BIGINT)",
     "INSERT INTO sim_unique SELECT 'taken' WHERE NOT EXISTS (SELECT 1 FROM sim_unique)",
 )
+_RUNNING: list[Simulator] = []  # the simulator whose program runs now
 _PROGRAMS = itertools.count(1)  # across simulators: task ids must not meet in the process's memory backend
 STORE_WAIT = 60.0  # fence_store_wait: a retry's longest countdown here (180 s) is longer
+
+
+def _active() -> Simulator:
+    return _RUNNING[0]
 
 
 class SimTask(FencedTask):  # type: ignore[misc]
@@ -71,8 +76,10 @@ class Simulator:
         )
         self._define_tasks(app)
         self.runtime = runtime_for(app)
-        self.undo_clock = install_clock(self.runtime, self.clock, self._sleep)
-        self.undo_trace = trace_decisions(lambda line: self.world.say(line) if self.world else None)
+        # The patched modules are shared by every simulator of the process: they ask the one running now.
+        now, sleep = (lambda: _active().clock()), (lambda seconds: _active()._sleep(seconds))
+        self.undo_clock = install_clock(self.runtime, now, sleep)
+        self.undo_trace = trace_decisions(lambda line: _active()._world().say(line))
         self.broker = SimBroker(app, self.clock, lambda message: self._world().sent(message))
         uid = f"sim-{id(self)}"
         store_wait_exhausted.connect(self._gave_up, weak=False, dispatch_uid=f"{uid}-gave-up")
@@ -107,6 +114,7 @@ class Simulator:
     def run(self, chooser: Chooser, eager: bool = False) -> World:
         """One program: a fresh store (memory) or fresh keys (SQL), a fresh renewer, the program, settled."""
         number = next(_PROGRAMS)
+        _RUNNING[:] = [self]
         raw = self.sql_store if self.sql else MemoryStore(clock=self.clock)
         store = SimStore(raw, self)
         runtime = self.runtime
@@ -162,7 +170,7 @@ class Simulator:
 
     def _gave_up(self, sender: Any = None, task_id: str = "", waited: float = 0.0, **fields: Any) -> None:
         world = self.world
-        if world is None:
+        if world is None or _active() is not self:  # every simulator hears the signal
             return
         world.rec.gave_up.add(task_id)
         if world.eager:  # apply() has no queue to wait in: it gives up at once, by design
