@@ -6,7 +6,7 @@ PYTEST = $(PY) -m pytest
 ARGS ?=
 LINT_PATHS = $(wildcard celery_fence tests example_app benchmarks)
 
-.PHONY: venv test pkg unit contract contract-pg-ha contract-etcd-cluster contract-cluster integration chaos soak lint type check demo bench compare flower-screenshot clean
+.PHONY: venv test pkg unit contract contract-pg-ha contract-etcd-cluster contract-cluster integration chaos soak soak-sim lint type check demo bench compare flower-screenshot clean
 
 venv: $(VENV)/.installed
 
@@ -73,6 +73,13 @@ soak: venv
 	FENCE_TEST_BROKER_DB=3 FENCE_TEST_BACKEND_DB=4 FENCE_SOAK_REPORT=$(CURDIR)/.soak.jsonl \
 	$(PYTEST) tests/chaos --timeout=0 $(ARGS)
 	FENCE_SOAK_BATCH=$(SOAK_BATCH) $(PY) -m tests.chaos.report .soak.jsonl docs/reliability.md $(SOAK_SECTION)
+	$(MAKE) soak-sim ARGS=
+
+# The simulation of the real run (tests/simulation) at SIM_PROGRAMS random programs on the memory store and a
+# tenth of that on SQLite; make test runs its short, derandomized form. A failure prints a replay line.
+SIM_PROGRAMS ?= 200000
+soak-sim: venv
+	FENCE_SIM_PROGRAMS=$(SIM_PROGRAMS) $(PYTEST) tests/simulation -m soak --timeout=0 $(ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)

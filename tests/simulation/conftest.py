@@ -1,0 +1,46 @@
+"""Simulators for the simulation tests: the memory store (new per program), SQLite (a file in a temp dir)
+and PostgreSQL (a schema of its own on the ``postgres_url`` database)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from celery_fence.stores import open_store
+from tests.contract.harness import pg_schema_store
+
+from .sim import Simulator
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> Iterator[None]:
+    """The run code logs every fault it meets: thousands of programs would flood the output."""
+    logging.disable(logging.CRITICAL)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+@pytest.fixture(scope="module")
+def memory_sim() -> Iterator[Simulator]:
+    sim = Simulator()
+    yield sim
+    sim.close()
+
+
+@pytest.fixture(scope="module")
+def sqlite_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulator]:
+    store = open_store(f"sqlite:///{tmp_path_factory.mktemp('sim') / 'fence.db'}")
+    sim = Simulator(store)
+    yield sim
+    sim.close()
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def postgresql_sim(postgres_url: str) -> Iterator[Simulator]:
+    with pg_schema_store(postgres_url) as store:
+        sim = Simulator(store)
+        yield sim
+        sim.close()

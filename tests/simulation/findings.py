@@ -1,0 +1,82 @@
+"""The findings of issue 25 (and those the simulation found besides, FINDINGS-8908ba9.md) as programs
+written by hand: each names its decisions by label (``chooser.Scripted``), so it keeps meaning the same
+thing when the run's code makes other store calls than it did on 8908ba9."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["FINDINGS"]
+
+
+def _queued(option: Any) -> bool:
+    return option != "new"  # a nested delivery of a message already queued
+
+
+def _task(suffix: str) -> Any:
+    return lambda option: getattr(option, "id", "").endswith(suffix)
+
+
+END = ("action", "end")
+DELIVER = ("action", "deliver")
+
+# finding -> (store, the program's decisions by label)
+FINDINGS: dict[str, tuple[str, list[tuple[str, Any]]]] = {
+    "1 a caught exception in the first transaction() block": (
+        "sqlite", [END, ("body op", "tx_caught"), ("body op", "return")],
+    ),
+    "2 a time limit while the completion's reply is in flight": (
+        "memory", [DELIVER, ("body op", "return"), ("complete outcome", "base"), END],
+    ),
+    "2 a time limit after the completion answered": ("memory", [DELIVER, ("body op", "late_base"), END]),
+    "3 an operator's release with no retries left": (
+        "memory",
+        [DELIVER, ("body op", "retry"), ("retry countdown", 0), DELIVER, ("body op", "admin_release"),
+         ("body op", "return"), END],
+    ),
+    "4 recovery re-runs a FAILURE whose release was lost": (
+        "memory", [DELIVER, ("body op", "raise"), ("release outcome", "before"), END],
+    ),
+    "5 an attempt's wait clock inherited by its retry": (
+        "memory",
+        [("action", "outage"), DELIVER, ("action", "outage"), DELIVER, ("body op", "retry"),
+         ("retry countdown", 180), ("action", "outage"), DELIVER, END],
+    ),
+    "6 a busy duplicate of another task id fails LeaseHeld": (
+        "memory",
+        [DELIVER, ("body op", "nested"), ("nested delivery", "new"), ("key", 0), ("body op", "nested"),
+         ("nested delivery", _queued), ("body op", "return"), END],
+    ),
+    "7 a step's function after the lease is known lost": (
+        "memory", [DELIVER, ("body op", "lose"), ("body op", "step"), ("body op", "return"), END],
+    ),
+    "8 a repeated owner string gets a live lease's token": (
+        "memory", [DELIVER, ("body op", "owner_reuse"), ("body op", "return"), END],
+    ),
+    "8 a repeated owner string gets an expired, locked lease's token": (
+        "postgresql",
+        [DELIVER, ("body op", "tx"), ("body op", "expire"), ("body op", "owner_reuse"), ("body op", "return"),
+         END],
+    ),
+    "N1 links fire per delivery of a task id another finished": (
+        "memory",
+        [("action", "send_new"), DELIVER, ("message", _task("t2")), ("action", "duplicate"),
+         ("message", _task("t1")), END],
+    ),
+    "N2 a committed completion not delivered with no retries left": (
+        "memory",
+        [DELIVER, ("body op", "retry"), ("retry countdown", 0), DELIVER, ("body op", "return"),
+         ("complete outcome", "lost"), ("get outcome", "hang"), ("get outcome", "before"), END],
+    ),
+    "N3 links fire again when a duplicate cannot read the key": (
+        "memory", [DELIVER, ("action", "duplicate"), ("get outcome", "before"), END],
+    ),
+    "N4 a broker's second delivery re-runs a FAILURE": (
+        "memory", [("action", "duplicate"), ("body op", "raise"), END],
+    ),
+    "N5 the fence's look-again copy re-runs a FAILURE": (
+        "memory",
+        [("action", "duplicate"), ("body op", "nested"), ("nested delivery", _queued), ("body op", "raise"),
+         END],
+    ),
+}

@@ -1,0 +1,81 @@
+"""The deterministic simulation of the real run (issue 26): hypothesis generates programs, the real
+FencedTask/Run code runs them through Celery's tracer on a simulated broker, and the invariants of
+DESIGN.md §1 and §3 are checked after each (``checks.py``). A failure prints the program and its replay line.
+
+``make test`` runs the short form (derandomized: the same programs every run); ``make soak-sim`` (part of
+``make soak``) the random soak, ``FENCE_SIM_PROGRAMS`` programs on the memory store (default 200,000) and a
+tenth of that on SQLite.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from .chooser import Drawn
+from .runner import run_checked
+from .sim import Simulator
+
+SOAK = int(os.environ.get("FENCE_SIM_PROGRAMS", "200000"))
+
+
+def short(examples: int) -> Any:
+    return settings(
+        max_examples=examples, derandomize=True, deadline=None, database=None, print_blob=True,
+        suppress_health_check=list(HealthCheck),
+    )
+
+
+def soak(examples: int) -> Any:
+    return settings(
+        max_examples=examples, deadline=None, database=None, print_blob=True,
+        suppress_health_check=list(HealthCheck),
+    )
+
+
+@short(2000)
+@given(data=st.data())
+def test_programs_on_the_memory_store(memory_sim: Simulator, data: Any) -> None:
+    run_checked(memory_sim, Drawn(data), "memory")
+
+
+@short(200)
+@given(data=st.data())
+def test_programs_through_eager_apply(memory_sim: Simulator, data: Any) -> None:
+    run_checked(memory_sim, Drawn(data), "memory", eager=True)
+
+
+@short(60)
+@given(data=st.data())
+def test_programs_on_sqlite(sqlite_sim: Simulator, data: Any) -> None:
+    run_checked(sqlite_sim, Drawn(data), "sqlite")
+
+
+@short(30)
+@given(data=st.data())
+def test_programs_through_eager_apply_on_sqlite(sqlite_sim: Simulator, data: Any) -> None:
+    run_checked(sqlite_sim, Drawn(data), "sqlite", eager=True)
+
+
+@short(20)
+@given(data=st.data())
+def test_programs_on_postgresql(postgresql_sim: Simulator, data: Any) -> None:
+    run_checked(postgresql_sim, Drawn(data), "postgresql")
+
+
+@pytest.mark.soak
+@soak(SOAK)
+@given(data=st.data())
+def test_soak_on_the_memory_store(memory_sim: Simulator, data: Any) -> None:
+    run_checked(memory_sim, Drawn(data), "memory")
+
+
+@pytest.mark.soak
+@soak(max(1, SOAK // 10))
+@given(data=st.data())
+def test_soak_on_sqlite(sqlite_sim: Simulator, data: Any) -> None:
+    run_checked(sqlite_sim, Drawn(data), "sqlite")
