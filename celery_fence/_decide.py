@@ -95,7 +95,7 @@ class Facts:
     event: Event
     view: View = View.UNREAD
     joined: bool = False  # the run's writes were in its transaction: an uncommitted completion undid them
-    delivered: bool = False  # the result backend already has SUCCESS for this task id
+    delivered: bool = False  # the result backend already has this task id's ending (SUCCESS, FAILURE)
     deadline_passed: bool = False  # the run's local deadline passed: stop calling the store again
     read_failed: bool = False  # the store did not answer the read of the key
     awaited: bool = False  # no use waiting for delivery: waited a ttl already (its header), or nothing tells
@@ -147,11 +147,11 @@ def decide(facts: Facts) -> Action:
 
 
 def _finished(facts: Facts) -> Action:
-    if facts.view is View.UNREAD:  # unreadable: return what the acquire said (links may fire again)
+    if facts.delivered:  # this task id's ending is stored: its callbacks or errback were sent; never again
+        return Action.ABSORB
+    if facts.view is View.UNREAD:  # unreadable: return what the acquire said
         return Action.RETURN_STORED
     if facts.view in (View.SAME_TASK_DONE, View.MINE_DONE):  # a copy of this very task id
-        if facts.delivered:
-            return Action.ABSORB
         # Celery sends the callbacks, then stores SUCCESS, after the completion committed: the run that
         # committed may be doing so now. Silent for a ttl, it died before it delivered: deliver for it.
         return Action.RETURN_STORED if facts.awaited else Action.AWAIT_DELIVERY

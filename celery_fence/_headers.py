@@ -60,6 +60,14 @@ class Attempt:
     busy_since: float | None = None
     looks: int = 0
     awaited: int | None = None
+    redelivered: bool = False  # the broker says it delivered this message before
+
+    @property
+    def copy(self) -> bool:
+        """A copy of an earlier delivery: redelivered by the broker, or sent again by the fence."""
+        return self.redelivered or bool(
+            self.handoff or self.resends or self.waits or self.looks or self.awaited or self.busy_since
+        )
 
 
 def attempt_of(request: Any, name: str) -> Attempt:
@@ -76,6 +84,7 @@ def attempt_of(request: Any, name: str) -> Attempt:
         busy_since=seconds(request, BUSY_SINCE),
         looks=whole(request, LOOKS) or 0,
         awaited=whole(request, AWAITED),
+        redelivered=bool((request.delivery_info or {}).get("redelivered")),
     )
 
 

@@ -16,11 +16,12 @@ from ._decide import Event
 from .errors import StaleToken, StoreUnavailable
 from .fence import Fence
 
-__all__ = ["FAILED_STATES", "RunHost", "body_event", "completion_event", "returned_event"]
+__all__ = ["ENDED_STATES", "FAILED_STATES", "RunHost", "body_event", "completion_event", "returned_event"]
 
 log = logging.getLogger(__name__)
 
 FAILED_STATES = frozenset({"FAILURE", "REVOKED"})  # a task id Celery reported ended without success
+ENDED_STATES = FAILED_STATES | {"SUCCESS"}  # a task id whose ending Celery delivered: a copy adds nothing
 
 
 class RunHost(Protocol):

@@ -19,7 +19,7 @@ from ._decide import Action, Event, Facts, View, decide, holder_of, view_of
 from ._ending import Ending
 from ._failpoints import failpoint
 from ._headers import Attempt, run_name
-from ._outcomes import FAILED_STATES, RunHost, body_event, completion_event, returned_event
+from ._outcomes import ENDED_STATES, FAILED_STATES, RunHost, body_event, completion_event, returned_event
 from ._owed import Released
 from ._resends import Resends
 from ._runtime import FenceRuntime
@@ -75,7 +75,7 @@ class Run:
         failpoint("before-acquire")
         for round_ in range(1, ACQUIRE_ROUNDS + 1):
             facts, lease, sent_at, problem = self._acquire(owner)
-            if lease is not None and lease.taken_over and self.host.outcome() in FAILED_STATES:
+            if lease is not None and self._ended_before(lease):
                 facts = Facts(Event.ENDED_BEFORE)
             action = self._decide(facts, token=0)
             if action is Action.RUN:
@@ -92,6 +92,11 @@ class Run:
             self.sleep(self.policy.round_pause(round_))
         # The key kept changing under us: whoever holds it now, fence_on_busy decides.
         return self.resends.busy(LeaseHeld(self.key, None, None))
+
+    def _ended_before(self, lease: Lease) -> bool:
+        """Whether this task id already ended FAILURE (its errback ran): asked of the result backend only
+        for a copy (redelivered, sent again by the fence) or a takeover, never on an ordinary run."""
+        return bool(lease.taken_over or self.attempt.copy) and self.host.outcome() in FAILED_STATES
 
     def _acquire(self, owner: str) -> tuple[Facts, Lease | None, float, FenceError | None]:
         """One acquire, repeating a store hiccup with the same owner: an acquire that committed but whose
@@ -194,8 +199,7 @@ class Run:
                     raise
             action = self._read_until(Facts(event, joined=joined), fence.token, deadline)
             if action is not Action.CALL_AGAIN:
-                shown = None if event is Event.COMPLETE_REFUSED else cause  # apply(): a refusal ends Ignore
-                return self._end(action, fence, result, self.policy.interval, "completion", shown)
+                return self._end(action, fence, result, self.policy.interval, "completion", cause)
             self.sleep(self.policy.read_pause)
 
     def _read_until(self, facts: Facts, token: int, deadline: float) -> Action:
@@ -218,13 +222,15 @@ class Run:
         except StoreUnavailable as exc:
             log.warning("fence: could not read %s: %s", self.key, exc)
             self.state = None
-            return decide(replace(facts, read_failed=True))
+            # A finished key: the result backend still tells whether this task id was delivered already.
+            delivered = facts.event is Event.FINISHED and self.host.outcome() in ENDED_STATES
+            return decide(replace(facts, read_failed=True, delivered=delivered))
         view = view_of(self.state, token, self.attempt.task_id, self.attempt.handoff)
-        copy = view in (View.SAME_TASK_DONE, View.MINE_DONE) and facts.event is Event.FINISHED
-        outcome = self.host.outcome() if copy else "unasked"
+        done = (View.SAME_TASK_DONE, View.MINE_DONE, View.OTHER_TASK_DONE)
+        outcome = self.host.outcome() if view in done and facts.event is Event.FINISHED else "unasked"
         # Nothing to wait for when nothing can tell (eager, no result backend), or waited already.
         awaited = outcome is None or (self.state is not None and self.state.token == self.attempt.awaited)
-        return decide(replace(facts, view=view, delivered=outcome == "SUCCESS", awaited=awaited))
+        return decide(replace(facts, view=view, delivered=outcome in ENDED_STATES, awaited=awaited))
 
     def _end(
         self,

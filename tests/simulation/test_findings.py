@@ -7,15 +7,26 @@ import pytest
 
 from .checks import check
 from .chooser import Scripted
-from .findings import FINDINGS
+from .findings import END, FINDINGS
 from .runner import report
 
+KNOWN_LIMIT = "N4 a broker's second delivery re-runs a FAILURE"  # docs/reliability.md: open, not fixed
 
-@pytest.mark.parametrize("finding", sorted(FINDINGS))
+
+@pytest.mark.parametrize(
+    "finding",
+    [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="N4: an open limit"))
+        if name == KNOWN_LIMIT else name
+        for name in sorted(FINDINGS)
+    ],
+)
 def test_finding(finding: str, request: pytest.FixtureRequest) -> None:
     store, script = FINDINGS[finding]
     sim = request.getfixturevalue(f"{store}_sim")
+    sim.strict_failure = finding == KNOWN_LIMIT
     chooser = Scripted(script)
     problems = check(sim.run(chooser))
     assert not problems, report(chooser, problems, store, eager=False)
-    assert not chooser.script, f"the program did not reach {chooser.script}: it no longer shows the finding"
+    left = [entry for entry in chooser.script if entry != END]  # a program may end before its own "end"
+    assert not left, f"the program did not reach {left}: it no longer shows the finding"
