@@ -82,13 +82,14 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 def _sql_expire(store: SQLStore) -> None:
+    sql_shift(store, 10_000)
+
+
+def sql_shift(store: SQLStore, seconds: float) -> None:
+    """Every live lease's stored expiry moves ``seconds`` into the past: that much store time passed."""
     with store.engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE fence_leases SET expires_at = expires_at - 10000 "
-                "WHERE expires_at IS NOT NULL"
-            )
-        )
+        query = "UPDATE fence_leases SET expires_at = expires_at - :s WHERE expires_at IS NOT NULL"
+        conn.execute(text(query), {"s": seconds})
 
 
 HARNESSES: dict[str, Harness] = {

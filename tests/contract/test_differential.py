@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -37,14 +37,16 @@ from sqlalchemy import text
 
 from celery_fence import AlreadyDone, FenceError, Lease, LeaseHeld, LeaseState, StaleToken, open_store
 from celery_fence.lease import Abandoned, HistoryEvent
+from celery_fence.stores.sql import SQLStore
 
-from .harness import HARNESSES, Harness, _sql_expire
+from .harness import HARNESSES, Harness, _sql_expire, sql_shift
+from .harness_redis import shift as redis_shift
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 EXAMPLES = int(os.environ.get("FENCE_DIFF_EXAMPLES", "15"))
 STEPS = int(os.environ.get("FENCE_DIFF_STEPS", "30"))
-KEYS = ("a", "b", "c")
+KEYS = ("a", "b")  # few keys: calls meet on them
 OWNERS = ("o1", "o2")
 TTLS = (30.0, 60.0)
 RUN = {"task": "shop.charge", "id": "t-1", "args": [1], "kwargs": {}}
@@ -105,12 +107,17 @@ def _sql_empty(store: Any) -> None:
             conn.execute(text(f"DELETE FROM {table}"))
 
 
-# name, harness, and how to empty a store opened once for the test (None: a fresh store per example)
-STORES: list[tuple[str, Harness, Callable[[Any], None] | None]] = [
-    ("memory", HARNESSES["memory"], None),  # the oracle: first
-    ("sqlite", Harness("sqlite", _sqlite, _sql_expire), _sql_empty),
-    ("postgresql", HARNESSES["postgresql"], _sql_empty),
-    ("redis", HARNESSES["redis"], None),  # a fresh prefix: cheap
+def _memory_shift(store: Any, seconds: float) -> None:
+    store.clock.advance(seconds)
+
+
+# name, harness, how to empty a store opened once for the test (None: a fresh store per example), and how
+# to let ``seconds`` of store time pass for every live lease
+STORES: list[tuple[str, Harness, Callable[[Any], None] | None, Callable[[Any, float], None]]] = [
+    ("memory", HARNESSES["memory"], None, _memory_shift),  # the oracle: first
+    ("sqlite", Harness("sqlite", _sqlite, _sql_expire), _sql_empty, sql_shift),
+    ("postgresql", HARNESSES["postgresql"], _sql_empty, sql_shift),
+    ("redis", HARNESSES["redis"], None, redis_shift),  # a fresh prefix: cheap
 ]
 
 
@@ -119,19 +126,19 @@ class Lockstep:
 
     def __init__(self, request: pytest.FixtureRequest) -> None:
         self.request = request
-        self.kept = {name: harness.open(request) for name, harness, empty in STORES if empty}
+        self.kept = {name: harness.open(request) for name, harness, empty, _ in STORES if empty}
         self.stores = {name: next(opened) for name, opened in self.kept.items()}
         for store in self.stores.values():
             store.migrate()  # the tables exist before the first emptying
 
     def example(self) -> tuple[list[Any], list[Iterator[Any]]]:
         """Empty stores for one example, and the generators to close after it."""
-        fresh = {name: harness.open(self.request) for name, harness, empty in STORES if not empty}
+        fresh = {name: harness.open(self.request) for name, harness, empty, _ in STORES if not empty}
         stores = {name: next(opened) for name, opened in fresh.items()}
-        for name, _, empty in STORES:
+        for name, _, empty, _ in STORES:
             if empty:
                 empty(self.stores[name])
-        return [stores.get(name) or self.stores[name] for name, _, _ in STORES], list(fresh.values())
+        return [stores.get(name) or self.stores[name] for name, *_ in STORES], list(fresh.values())
 
     def close(self) -> None:
         for opened in self.kept.values():
@@ -180,7 +187,7 @@ class DifferentialMachine(RuleBasedStateMachine):
         return None if answers[0][0] == "raised" else raw
 
     def agree(self, what: str, answers: list[Any]) -> None:
-        for (name, _, _), answer in zip(STORES[1:], answers[1:], strict=True):
+        for (name, *_), answer in zip(STORES[1:], answers[1:], strict=True):
             if answer != answers[0]:
                 raise Disagreement(f"{what}: {name} gave {answer!r}\n  memory gave {answers[0]!r}")
 
@@ -229,8 +236,15 @@ class DifferentialMachine(RuleBasedStateMachine):
     @precondition(holds_a_live_lease)  # else a no-op, and hypothesis would pick it most (no arguments)
     @rule()
     def expire_all(self) -> None:
-        for (_, harness, _), store in zip(STORES, self.stores, strict=True):
+        for (_, harness, _, _), store in zip(STORES, self.stores, strict=True):
             harness.expire_all(store)
+
+    @rule(seconds=st.sampled_from((10, 45)))
+    def time_passes(self, seconds: int) -> None:
+        """Some leases expire (a 30 s lease after 45 s), others not: ttls and shifts are multiples of 5 s,
+        so no lease is within a step's real time of its expiry on any store."""
+        for (*_, shift), store in zip(STORES, self.stores, strict=True):
+            shift(store, seconds)
 
     @rule(op=st.sampled_from(ADMIN), key=st.sampled_from(KEYS), run=st.booleans())
     def admin(self, op: str, key: str, run: bool) -> None:
@@ -282,3 +296,20 @@ def lockstep(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[Lock
 
 def test_every_store_answers_as_the_memory_store(lockstep: Lockstep) -> None:
     run_state_machine_as_test(lambda: DifferentialMachine(lockstep), settings=SETTINGS)
+
+
+def test_a_store_answering_otherwise_is_caught(lockstep: Lockstep, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine has teeth: a SQLite store whose stale release frees the key anyway (the bug the contract
+    forbids) disagrees with the memory store, found without shrinking within a few examples."""
+    release = SQLStore.release
+
+    def careless(store: SQLStore, lease: Lease) -> None:
+        state = store.get(lease.key) if store.url.startswith("sqlite") else None
+        if state is not None and state.expires_in is not None:  # held: by this lease or another
+            lease = Lease(lease.key, state.token, state.owner or lease.owner)
+        release(store, lease)
+
+    monkeypatch.setattr(SQLStore, "release", careless)
+    quick = settings(SETTINGS, max_examples=200, phases=[Phase.generate], database=None, derandomize=True)
+    with pytest.raises(Disagreement, match="sqlite gave"):
+        run_state_machine_as_test(lambda: DifferentialMachine(lockstep), settings=quick)

@@ -20,7 +20,7 @@ REQUIRES = EVERY_ROLE  # dump() reads leases, history and steps
 
 BAD_KEYS = ["", "x" * 1025, None, 7, 1.5, b"bytes", ["k"], {"k": 1}]
 BAD_TTLS = [0, -1, -0.0, math.nan, math.inf, -math.inf, "5", True, None, [1]]
-# bytes are carried, as in Celery's JSON (test_store_contract.py: results ... keep the types)
+# bytes are carried, as in Celery's JSON (run_role.py: results ... keep the types)
 UNSERIALIZABLE = [object(), {1, 2}, 1 + 2j, math.nan, {"a": object()}, {(1, 2): "tuple key"}]
 OVERSIZE = "x" * (16 * 1024 * 1024 + 1)
 
