@@ -25,6 +25,9 @@ the process that runs a task: :func:`paused` past its lease, :func:`kill_mid_run
 store link cut through a :class:`StoreProxy` (``fence_store_proxy``), lost replies from the store
 (:class:`IndeterminateStore`, :func:`store_faults_env`); :func:`assert_history_clean` checks the store's
 audit trail. See ``docs/testing.md``. ``import celery_fence`` alone never imports pytest; this module does.
+
+A store of your own runs the store contract suite (:mod:`celery_fence.testing.contract`) with one fixture,
+``fence_contract_harness``, returning a :class:`StoreHarness` (docs/stores.md).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import pytest
 
 from . import _pytest_plugin
 from ._faults import Worker, free_port, wait_for
+from ._harness import StoreHarness
 from ._indeterminate import Fault, IndeterminateStore, Outcome
 from ._inprocess import in_process_worker
 from ._kit import (
@@ -53,6 +57,7 @@ __all__ = [
     "IndeterminateStore",
     "Outcome",
     "ProxyFactory",
+    "StoreHarness",
     "StoreProxy",
     "Worker",
     "WorkerFactory",

@@ -3,7 +3,8 @@
 Loaded by the ``pytest11`` entry point ``celery_fence`` once the package is installed (``-p no:celery_fence``
 turns it off), or by ``pytest_plugins = ["celery_fence.testing"]``. Every fixture is named ``fence_*``, so
 none redefines pytest-celery's or ``celery.contrib.pytest``'s; ``fence_in_process_worker`` builds on the
-latter's ``celery_app``.
+latter's ``celery_app``. The ``fence_contract_*`` fixtures serve the store contract suite
+(``celery_fence.testing.contract``).
 """
 
 from __future__ import annotations
@@ -17,12 +18,25 @@ import pytest
 
 from ..stores import Store, open_store
 from ..stores.urls import mask_url
+from ._contract_plugin import (
+    fence_contract_expire,
+    fence_contract_harness,
+    fence_contract_seeded,
+    fence_contract_store,
+)
 from ._faults import Worker
 from ._indeterminate import Fault, IndeterminateStore
 from ._inprocess import in_process_worker
 from ._kit import StoreProxy
 
-__all__ = ["ProxyFactory", "WorkerFactory"]
+__all__ = [
+    "ProxyFactory",
+    "WorkerFactory",
+    "fence_contract_expire",
+    "fence_contract_harness",
+    "fence_contract_seeded",
+    "fence_contract_store",
+]
 
 # A test's store URL, by the short names fence_store_url takes through indirect parametrization.
 SHORT_URLS = {"memory": "memory://", "sqlite": "sqlite:///{workdir}/fence.db"}

@@ -1,22 +1,24 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from .checks import seed
+from celery_fence.testing.contract import run_role
+
 from .harness import HARNESSES, Harness, harness_params
 
-# On the Redis Cluster, make test runs these modules; the rest of the suite there is marked cluster_full
-# (make contract-cluster): each cluster test costs more (SCANs of every primary, 16,384-slot advances).
-CLUSTER_REPRESENTATIVE = {"test_store_contract.py"}
+# On the Redis Cluster, make test runs the run role of the store contract; the rest of the suite there is
+# marked cluster_full (make contract-cluster): each cluster test costs more (SCANs of every primary,
+# 16,384-slot advances).
+CLUSTER_REPRESENTATIVE = {run_role.__name__}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if params.get("harness") == "redis_cluster" and item.path.name not in CLUSTER_REPRESENTATIVE:
+        module = getattr(getattr(item, "function", None), "__module__", None)
+        if params.get("harness") == "redis_cluster" and module not in CLUSTER_REPRESENTATIVE:
             item.add_marker(pytest.mark.cluster_full)
 
 
@@ -26,16 +28,16 @@ def harness(request: pytest.FixtureRequest) -> Harness:
 
 
 @pytest.fixture
-def store(harness: Harness, request: pytest.FixtureRequest) -> Iterator[Any]:
-    yield from harness.open(request)
+def fence_contract_harness(harness: Harness) -> Harness:
+    """The shipped contract suite (test_store_suite.py) on this directory's harnesses: every store."""
+    return harness
 
 
 @pytest.fixture
-def expire(harness: Harness, store: Any) -> Any:
-    return lambda: harness.expire_all(store)
+def store(fence_contract_store: Any) -> Any:
+    return fence_contract_store
 
 
 @pytest.fixture
-def seeded(store: Any, expire: Any) -> Any:
-    """``(store, live lease)``: a store holding a live lease, a finished key, a step and a refusal."""
-    return seed(store, expire)
+def expire(fence_contract_expire: Any) -> Any:
+    return fence_contract_expire

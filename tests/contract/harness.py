@@ -1,7 +1,8 @@
 """One harness per store: how the contract suite opens it, makes time pass, and cleans up.
 
-Adding a store to the suite means adding a harness here and naming it in ``HARNESSES``; the tests are
-never copied.
+The suite itself ships in the package (``celery_fence.testing.contract``, run by test_store_suite.py), as
+a third party's store runs it. Adding a store to the suite means adding a harness here and naming it in
+``HARNESSES``; the tests are never copied.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -23,6 +23,7 @@ from celery_fence import open_store
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import FakeClock
+from celery_fence.testing import StoreHarness as Harness
 
 
 def end_process(process: subprocess.Popen[bytes] | None, signum: int = signal.SIGTERM) -> None:
@@ -35,23 +36,6 @@ def end_process(process: subprocess.Popen[bytes] | None, signum: int = signal.SI
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-
-
-@dataclass
-class Harness:
-    name: str
-    open: Callable[
-        [pytest.FixtureRequest], Iterator[Any]
-    ]  # a generator fixture body yielding a store
-    expire_all: Callable[[Any], None]  # every live lease expires now (store time moves past it)
-    expired_lease_survives: bool = (
-        True  # renew/complete of an expired, untaken lease still succeeds
-    )
-    multiprocess: bool = True  # other processes can open the same store by its url
-    marks: tuple[Any, ...] = ()  # pytest marks of every test on it (etcd_cluster: deselected by make test)
-    # The keys whose tokens one counter orders: the whole store (DESIGN §1: globally monotonic), or on a
-    # Redis Cluster the keys of one slot (monotonic and unique per slot, hence per key)
-    token_scope: Callable[[str], object] = lambda key: None
 
 
 def _memory(request: pytest.FixtureRequest) -> Iterator[Any]:
@@ -98,13 +82,14 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 def _sql_expire(store: SQLStore) -> None:
+    sql_shift(store, 10_000)
+
+
+def sql_shift(store: SQLStore, seconds: float) -> None:
+    """Every live lease's stored expiry moves ``seconds`` into the past: that much store time passed."""
     with store.engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE fence_leases SET expires_at = expires_at - 10000 "
-                "WHERE expires_at IS NOT NULL"
-            )
-        )
+        query = "UPDATE fence_leases SET expires_at = expires_at - :s WHERE expires_at IS NOT NULL"
+        conn.execute(text(query), {"s": seconds})
 
 
 HARNESSES: dict[str, Harness] = {

@@ -28,14 +28,14 @@ from celery_fence.testing import free_port
 from ..conftest import require_server
 from .harness import Harness, end_process
 
-# Make every live lease of a prefix expire now: move its store-clock deadline 10,000 s into the past, in
-# the lease hash and in the index of leased keys alike.
+# Move the store-clock deadline of every live lease of a prefix ARGV[2] ms into the past (10,000 s: it
+# expires now), in the lease hash and in the index of leased keys alike.
 _EXPIRE = """
 for _, name in ipairs(redis.call('KEYS', ARGV[1] .. 'lease:*')) do
-  if redis.call('HEXISTS', name, 'exp') == 1 then redis.call('HINCRBY', name, 'exp', -10000000) end
+  if redis.call('HEXISTS', name, 'exp') == 1 then redis.call('HINCRBY', name, 'exp', -tonumber(ARGV[2])) end
 end
 for _, key in ipairs(redis.call('ZRANGE', ARGV[1] .. 'live', 0, -1)) do
-  redis.call('ZINCRBY', ARGV[1] .. 'live', -10000000, key)
+  redis.call('ZINCRBY', ARGV[1] .. 'live', -tonumber(ARGV[2]), key)
 end
 """
 
@@ -124,8 +124,13 @@ def _open(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 def _expire(store: Any) -> None:
+    shift(store, 10_000)
+
+
+def shift(store: Any, seconds: float) -> None:
+    """Every live lease's deadline moves ``seconds`` into the past: that much store time passed for it."""
     with redis.Redis.from_url(store.url.partition("?")[0]) as client:
-        client.eval(_EXPIRE, 0, store.prefix)
+        client.eval(_EXPIRE, 0, store.prefix, int(seconds * 1000))
 
 
 HARNESS = Harness("redis", _open, _expire, expired_lease_survives=True, multiprocess=True)

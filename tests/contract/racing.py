@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 import time
 from collections import Counter
@@ -11,6 +10,7 @@ from typing import Any
 
 from celery_fence import AlreadyDone, LeaseHeld, StaleToken, open_store
 from celery_fence.lease import new_owner
+from celery_fence.testing.contract.checks import in_processes
 
 
 @dataclass
@@ -55,21 +55,6 @@ def _racer(url: str, keys: list[str], rounds: int, seed: int, out: Any) -> None:
             refused += 1
     store.close()
     out.put((tokens, completed, refused))
-
-
-def in_processes(target: Any, args: list[tuple[Any, ...]]) -> list[Any]:
-    """Run ``target(*each, out)`` in one forked process per ``each``; what each put on ``out``, in order
-    of arrival. Every process must exit cleanly."""
-    ctx = multiprocessing.get_context("fork")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(*each, out)) for each in args]
-    for p in procs:
-        p.start()
-    reports = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
-    return reports
 
 
 def race(url: str, keys: list[str], processes: int, rounds: int) -> RaceResult:

@@ -11,8 +11,7 @@ import redis
 from sqlalchemy import text
 
 from celery_fence.stores.etcd.gateway import get
-
-from .checks import TTL
+from celery_fence.testing.contract.checks import TTL
 
 CYCLES, KEYS_PER_CYCLE = 5, 20
 

@@ -11,8 +11,8 @@ from redis.crc import key_slot
 from celery_fence import ConfigurationError, StoreUnavailable, open_store
 from celery_fence.stores.redis import RedisStore
 from celery_fence.testing import free_port
+from celery_fence.testing.contract.checks import TTL
 
-from .checks import TTL
 from .harness_redis_cluster import drop_prefix, shared_cluster
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CLAIMS = ROOT / "docs" / "claims.md"
 HEADING = re.compile(r"^### (C\d+)$", re.MULTILINE)
-NAMED = re.compile(r"`(tests/[\w/]+\.py)::([\w:]+)`")
+# tests/, and the contract suite that ships in the package (celery_fence/testing/contract)
+NAMED = re.compile(r"`((?:tests|celery_fence/testing)/[\w/]+\.py)::([\w:]+)`")
 LINK = re.compile(r"claims\.md#(c\d+)")
 
 

@@ -4,6 +4,10 @@ Invariants after every step: at most one live holder per key; every token issued
 before it (globally, so also per key); a write, renew or release with a stale token never takes effect; a done
 key keeps its result; each key's history is in store-time order, its grants' tokens strictly increase, and
 every accepted write in it carries the token of the latest grant.
+
+It holds the oracle to a model of its own, with no server: tests/contract/test_differential.py then runs the
+same rules (and the other roles' calls) on SQLite, PostgreSQL and Redis in lockstep with this memory store,
+every answer checked against the memory store's.
 """
 
 from __future__ import annotations

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-TTL = 30.0
+from celery_fence.stores.base import AuditStore, RecoveryStore
+
+from .checks import TTL, abandon
+
+REQUIRES = (RecoveryStore, AuditStore)
 
 
 
-def test_abandoned_runs_are_found_and_claimed_once(store: Any, expire: Any) -> None:
+def test_abandoned_runs_are_found_and_claimed_once(
+    fence_contract_store: Any, fence_contract_expire: Any
+) -> None:
+    store, expire = fence_contract_store, fence_contract_expire
     run = {"task": "shop.charge", "id": "t1", "args": [1], "kwargs": {}}
     lease = store.acquire("k", "a", TTL, run)
     store.acquire("live", "a", TTL)
@@ -25,10 +32,9 @@ def test_abandoned_runs_are_found_and_claimed_once(store: Any, expire: Any) -> N
     assert ("recovered", lease.token, "1") in [(e.event, e.token, e.detail) for e in store.history("k")]
 
 
-def test_recovery_gives_up_after_the_bound(store: Any, expire: Any) -> None:
-    store.acquire("k", "a", TTL, {"task": "t", "id": "1", "args": [], "kwargs": {}})
-    expire()
-    (seen,) = store.abandoned(0.0)
+def test_recovery_gives_up_after_the_bound(fence_contract_store: Any, fence_contract_expire: Any) -> None:
+    store, expire = fence_contract_store, fence_contract_expire
+    seen = abandon(store, expire)
     assert store.recover(seen, max_recoveries=0, reason="unknown task 't'") == 0
     assert store.get("k").dead == "unknown task 't'"
     assert store.abandoned(0.0) == []
@@ -38,17 +44,21 @@ def test_recovery_gives_up_after_the_bound(store: Any, expire: Any) -> None:
     store.complete(again, "ok")
 
 
-def test_a_takeover_makes_a_seen_abandoned_run_stale(store: Any, expire: Any) -> None:
-    store.acquire("k", "a", TTL, {"task": "t", "id": "1", "args": [], "kwargs": {}})
-    expire()
-    (seen,) = store.abandoned(0.0)
+def test_a_takeover_makes_a_seen_abandoned_run_stale(
+    fence_contract_store: Any, fence_contract_expire: Any
+) -> None:
+    store, expire = fence_contract_store, fence_contract_expire
+    seen = abandon(store, expire)
     store.acquire("k", "b", TTL)
     assert store.recover(seen, max_recoveries=3) is None
 
 
-def test_only_a_recovery_copy_that_started_counts_against_the_bound(store: Any, expire: Any) -> None:
+def test_only_a_recovery_copy_that_started_counts_against_the_bound(
+    fence_contract_store: Any, fence_contract_expire: Any
+) -> None:
     """A copy is counted as sent when claimed; the acquire that starts it makes it count. Copies still in
     a queue never make the key dead, however many were sent."""
+    store, expire = fence_contract_store, fence_contract_expire
     store.acquire("k", "a", TTL, {"task": "t", "id": "1", "args": [], "kwargs": {}})
     expire()
     for sent in range(3):  # max_recoveries=1, yet three copies that never started
@@ -69,10 +79,11 @@ def test_only_a_recovery_copy_that_started_counts_against_the_bound(store: Any, 
     assert store.get("k").dead == "gave up after 1 recoveries"
 
 
-def test_a_started_copy_that_completes_leaves_nothing_to_recover(store: Any, expire: Any) -> None:
-    store.acquire("k", "a", TTL, {"task": "t", "id": "1", "args": [], "kwargs": {}})
-    expire()
-    (seen,) = store.abandoned(0.0)
+def test_a_started_copy_that_completes_leaves_nothing_to_recover(
+    fence_contract_store: Any, fence_contract_expire: Any
+) -> None:
+    store, expire = fence_contract_store, fence_contract_expire
+    seen = abandon(store, expire)
     assert store.recover(seen, max_recoveries=3) == 1
     store.complete(store.acquire("k", "copy", TTL), "ok")
     assert store.abandoned(0.0) == []

@@ -12,14 +12,17 @@ from typing import Any
 import pytest
 
 from celery_fence import FenceError, InvalidArgument, Lease, StaleToken, StoreUnavailable, open_store
+from celery_fence.stores.base import AdminStore
 
-from .checks import MAX_TOKEN, TTL, dump, in_scopes, keys_in_one_scope
-from .racing import in_processes
+from .checks import MAX_TOKEN, TTL, dump, in_processes, in_scopes, keys_in_one_scope
+
+REQUIRES = (AdminStore,)
 
 RACE_SECONDS = 2.0  # how long the acquirers race the advancer (a deadline for the loops, not a sleep)
 
 
-def test_an_advance_out_of_the_range_is_refused_and_changes_nothing(store: Any) -> None:
+def test_an_advance_out_of_the_range_is_refused_and_changes_nothing(fence_contract_store: Any) -> None:
+    store = fence_contract_store
     first = store.acquire("a", "w", TTL)
     before = dump(store)
     for gap in (MAX_TOKEN, 2**62, 2**63 + 5):
@@ -29,7 +32,10 @@ def test_an_advance_out_of_the_range_is_refused_and_changes_nothing(store: Any) 
     assert store.acquire("b", "w", TTL).token < first.token + 1000  # the counter did not move
 
 
-def test_large_advances_keep_tokens_exact_and_unique(store: Any, harness: Any) -> None:
+def test_large_advances_keep_tokens_exact_and_unique(
+    fence_contract_store: Any, fence_contract_harness: Any
+) -> None:
+    store, harness = fence_contract_store, fence_contract_harness
     phases = [[("k0", store.acquire("k0", "w", TTL).token)]]
     for i in range(2):  # two large advances used to turn SQLite's counter into a REAL
         store.advance(2**51)
@@ -45,7 +51,10 @@ def test_large_advances_keep_tokens_exact_and_unique(store: Any, harness: Any) -
         assert type(state.token) is int and state.token in tokens
 
 
-def test_the_top_of_the_range_is_refused_for_good_never_crossed(store: Any, harness: Any) -> None:
+def test_the_top_of_the_range_is_refused_for_good_never_crossed(
+    fence_contract_store: Any, fence_contract_harness: Any
+) -> None:
+    store, harness = fence_contract_store, fence_contract_harness
     *tops, after = keys_in_one_scope(harness, "top", 9, like="k")  # one counter: it runs out for them all
     start = store.acquire("k", "w", TTL).token
     try:
@@ -72,8 +81,9 @@ FORGED = [Lease("k", MAX_TOKEN, "a"), Lease("k", MAX_TOKEN - 7, "forger"), Lease
 @pytest.mark.parametrize("call", ["renew", "complete", "release", "save_step", "refuse"])
 @pytest.mark.parametrize("forged", FORGED, ids=["top", "near-top", "unknown-key"])
 def test_a_forged_token_is_refused_and_never_moves_the_counter(
-    store: Any, call: str, forged: Lease, harness: Any
+    fence_contract_store: Any, call: str, forged: Lease, fence_contract_harness: Any
 ) -> None:
+    store, harness = fence_contract_store, fence_contract_harness
     [other] = keys_in_one_scope(harness, "other", 1, like="k")  # its token comes from k's counter
     real = store.acquire("k", "a", TTL)
     calls = {
@@ -145,7 +155,10 @@ def _race_threads(store: Any, roles: list[str], deadline: float) -> list[tuple[s
     return reports
 
 
-def test_advance_never_moves_back_under_concurrent_acquires(store: Any, harness: Any) -> None:
+def test_advance_never_moves_back_under_concurrent_acquires(
+    fence_contract_store: Any, fence_contract_harness: Any
+) -> None:
+    store, harness = fence_contract_store, fence_contract_harness
     roles = ["a", "b", "c", "advance", "advance"]
     deadline = time.monotonic() + RACE_SECONDS
     if harness.multiprocess:

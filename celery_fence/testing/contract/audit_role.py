@@ -5,11 +5,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-TTL = 30.0
+from celery_fence.stores.base import AuditStore
+
+from .checks import TTL
+
+REQUIRES = (AuditStore,)
 
 
 
-def test_history_is_ordered_by_store_time(store: Any, expire: Any) -> None:
+def test_history_is_ordered_by_store_time(fence_contract_store: Any, fence_contract_expire: Any) -> None:
+    store, expire = fence_contract_store, fence_contract_expire
     first = store.acquire("k", "a", TTL)
     expire()
     second = store.acquire("k", "b", TTL)
