@@ -11,6 +11,7 @@ import pytest
 
 from celery_fence import ConfigurationError, FenceError, open_store
 from celery_fence.config import FenceConfig
+from celery_fence.fence import Fence
 from celery_fence.stores.urls import mask_url
 from celery_fence.testing import StoreProxy
 
@@ -112,3 +113,15 @@ def test_the_fault_kit_masks_urls_too(url: str) -> None:
 )
 def test_mask_url(url: Any, shown: str) -> None:
     assert mask_url(url) == shown
+
+
+def test_a_sql_only_step_on_another_store_names_its_scheme_alone() -> None:
+    """The handle's refusal of SQL work on a store without transactions quotes the scheme, never the URL."""
+    store = open_store(f"memory://app:{SECRET}@x/shop")
+    fence = Fence(store, store.acquire("k", "w", 30.0))
+    with pytest.raises(ConfigurationError) as info:
+        fence.atomic_step("charge", lambda conn: None)
+    assert str(info.value) == (
+        "this needs a SQL lease store, not memory://; use celery_fence.fenced_update(conn, table, values, "
+        "where, self.fence.token) on your own database instead"
+    )
