@@ -82,10 +82,14 @@ soak: venv
 # every other Action, and deleted. The backing tests: tests/unit (but test_pytest_plugin.py) and the
 # run-level contract tests on the memory and SQLite stores (tests/mutation/stores.py drops the others).
 # One child at a time (--max-children 1: the machine is shared).
-#   MODULES=  a subset, of: _decide run fence task sql.run sql.store (or mutant-name globs); default all
+#   MODULES=  a subset, of: _decide run fence task sql.run sql.store (or mutant-name globs); default all;
+#             MODULES=none runs the table rows alone
 #   SAMPLE=N  at most N random mutants per module (SEED=26), so that one run fits in a session
 #   ROWS=     only the table rows whose name contains this text (e.g. ROWS=_REFUSED); ROWS=none skips them
-# e.g. make mutation MODULES="fence sql.run" ROWS=none; make mutation MODULES=run SAMPLE=200 ROWS=none.
+# After new tests, run only the survivors again: `$(PY) -m tests.mutation.mutmut_run MODULE --survivors`
+# and `$(PY) -m tests.mutation.table_mutation --survivors mutants/table-rows.json --json FILE`.
+# e.g. make mutation MODULES="fence sql.run" ROWS=none; make mutation MODULES=run SAMPLE=200 ROWS=none;
+# make mutation MODULES=none (the table rows only: about 11 minutes).
 # Quirks: mutmut copies the package, tests/ (with tests/conftest.py) and the also_copy files into ./mutants
 # and runs pytest there with mutants/ first on sys.path, so the editable install's finder (appended to
 # sys.meta_path) never serves celery_fence and the pytest11 entry point (celery_fence.testing's plugin)
@@ -94,15 +98,17 @@ soak: venv
 # mutants/. mutmut picks the tests of a mutant by function (those that called it while it mapped them), and
 # generates mutants only inside `mutmut run`: the driver lists them by asking for a mutant that does not
 # exist first (mutmut stops there with an AssertionError, by design). Results are kept in mutants/ per
-# function and reused while its code is unchanged; after a rewrite (or a change to setup.cfg, which mutmut
-# only warns about) run `make mutation-clean` first. A whole run of every module takes hours: sample.
+# function and reused while its code is unchanged, but a change of the [mutmut] test selection resets every
+# result (rerun what the figures need), and a change of a non-Python file is only warned about: after a
+# rewrite run `make mutation-clean` first. A whole run of every module takes hours: sample.
 MODULES ?=
 SAMPLE ?= 0
 SEED ?= 26
 ROWS ?=
 mutation: venv
-	$(PY) -m tests.mutation.mutmut_run $(MODULES) --sample $(SAMPLE) --seed $(SEED) --max-children 1
-	$(if $(filter none,$(ROWS)),,$(PY) -m tests.mutation.table_mutation --only "$(ROWS)")
+	$(if $(filter none,$(MODULES)),,$(PY) -m tests.mutation.mutmut_run $(MODULES) --sample $(SAMPLE) --seed $(SEED) --max-children 1)
+	mkdir -p mutants
+	$(if $(filter none,$(ROWS)),,$(PY) -m tests.mutation.table_mutation --only "$(ROWS)" --json mutants/table-rows.json)
 
 mutation-clean:
 	rm -rf mutants

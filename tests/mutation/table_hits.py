@@ -1,5 +1,6 @@
-"""A pytest plugin for tests/mutation/table_rows.py: with an instrumented ``_decide.py`` (which collects the
-rows a run uses in ``_ROW_HITS``), write ``{test id: [seconds, [rows]]}`` to ``$FENCE_ROW_HITS``."""
+"""A pytest plugin for tests/mutation/table_mutation.py: with an instrumented ``_decide.py`` (which
+collects the rows a run uses in ``_ROW_HITS``), write ``{test id: [seconds, [rows]]}`` to
+``$FENCE_ROW_HITS``."""
 
 from __future__ import annotations
 

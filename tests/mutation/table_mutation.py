@@ -147,7 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="mutate only the rows whose name contains this text")
     parser.add_argument("--json", type=Path, help="write every outcome to this file")
+    parser.add_argument(
+        "--survivors", type=Path, help="run again only the mutants that survived in this --json file"
+    )
     args = parser.parse_args(argv)
+    before = {} if args.survivors is None else _earlier(args.survivors)
     os.chdir(ROOT)
     from celery_fence import _decide
 
@@ -164,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             for replacement in [*[a for a in actions if a != row.action], DELETE]:
                 mutant = table_rows.mutant_source(source, row, replacement)
+                if before.get((row.where, replacement), (False, ""))[0]:
+                    outcomes.append(Outcome(row, replacement, *before[row.where, replacement]))
+                    continue
                 killed, by = check(mutant, hits.get(row.where, []), Path(folder))
                 outcomes.append(Outcome(row, replacement, killed, by))
                 mark = "killed  " if killed else "SURVIVED"
@@ -172,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps([_as_json(o) for o in outcomes], indent=1))
     return 0
+
+
+def _earlier(path: Path) -> dict[tuple[str, str], tuple[bool, str]]:
+    """The outcomes of an earlier run (``--json``), by row and mutant."""
+    return {(o["row"], o["mutant"]): (o["killed"], o["by"]) for o in json.loads(path.read_text())}
 
 
 def report(outcomes: list[Outcome], seconds: float) -> None:

@@ -87,6 +87,7 @@ def test_a_held_key_whose_read_fails_is_busy(app: Celery, task: Any, calls: list
     finally:
         task.fence_on_busy = None
     assert result.failed() and isinstance(result.result, LeaseHeld) and calls == []
+    assert "someone-else" in str(result.result)  # the acquire's own answer, not a second round's guess
 
 
 def test_a_done_key_pruned_before_the_read_is_acquired_again_and_run(
