@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from celery_fence import LeaseLost
+from celery_fence import LeaseLost, StaleToken
 from celery_fence.fence import Fence
 from celery_fence.lease import Lease
 
@@ -93,6 +93,19 @@ def test_an_atomic_step_in_the_runs_transaction_commits_with_the_completion(stor
     _reused(fence, "ledger", {"paid": [7]})
     fence.commit("done")
     assert paid() == ["7:j", "first"] and store.steps("k") == {"ledger": {"paid": [7]}}
+    history = [(e.event, e.detail) for e in store.history("k")]
+    assert history == [("acquire", None), ("write", None), ("step", "ledger"), ("complete", None)]
+
+
+def test_a_stale_completion_is_refused_and_recorded_as_one(store: Any, harness: Harness) -> None:
+    fence = Fence(store, store.acquire("k", "a", 30.0), None, 30.0)
+    harness.expire_all(store)
+    store.acquire("k", "b", 30.0)  # taken over: a's completion must not commit
+    with pytest.raises(StaleToken):
+        fence.commit("a's result")
+    assert [(e.event, e.owner, e.detail) for e in store.history("k")][-1] == ("refused", "a", "complete")
+    state = store.get("k")
+    assert state is not None and not state.done and state.owner == "b"
 
 
 def test_a_steps_value_is_never_shared_with_its_caller(store: Any) -> None:
