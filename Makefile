@@ -6,7 +6,7 @@ PYTEST = $(PY) -m pytest
 ARGS ?=
 LINT_PATHS = $(wildcard celery_fence tests example_app benchmarks)
 
-.PHONY: venv test pkg unit contract contract-pg-ha contract-etcd-cluster contract-cluster integration chaos soak soak-sim lint type check demo bench compare flower-screenshot clean
+.PHONY: venv test pkg unit contract mutation mutation-clean contract-pg-ha contract-etcd-cluster contract-cluster integration chaos soak soak-sim lint type check demo bench compare flower-screenshot clean
 
 venv: $(VENV)/.installed
 
@@ -81,6 +81,45 @@ SIM_PROGRAMS ?= 200000
 soak-sim: venv
 	FENCE_SIM_PROGRAMS=$(SIM_PROGRAMS) $(PYTEST) tests/simulation -m soak --timeout=0 $(ARGS)
 
+# Mutation testing of the run path (issue 26; figures and survivors in docs/reliability.md, "Mutation
+# testing"). First mutmut 3 (configured in setup.cfg [mutmut]) over celery_fence/_decide.py, run.py,
+# fence.py, task.py, stores/sql/run.py and the SQL store's acquire and complete, through
+# tests/mutation/mutmut_run.py; then the decide table's rows, which mutmut cannot mutate (module-level
+# dicts and returned constants), through tests/mutation/table_mutation.py: each row's action replaced by
+# every other Action, and deleted. The backing tests: tests/unit (but test_pytest_plugin.py) and the
+# run-level contract tests on the memory and SQLite stores (tests/mutation/stores.py drops the others).
+# One child at a time (--max-children 1: the machine is shared).
+#   MODULES=  a subset, of: _decide run fence task sql.run sql.store (or mutant-name globs); default all;
+#             MODULES=none runs the table rows alone
+#   SAMPLE=N  at most N random mutants per module (SEED=26), so that one run fits in a session
+#   ROWS=     only the table rows whose name contains this text (e.g. ROWS=_REFUSED); ROWS=none skips them
+# After new tests, run only the survivors again: `$(PY) -m tests.mutation.mutmut_run MODULE --survivors`
+# and `$(PY) -m tests.mutation.table_mutation --survivors mutants/table-rows.json --json FILE`.
+# e.g. make mutation MODULES="fence sql.run" ROWS=none; make mutation MODULES=run SAMPLE=200 ROWS=none;
+# make mutation MODULES=none (the table rows only: about 11 minutes).
+# Quirks: mutmut copies the package, tests/ (with tests/conftest.py) and the also_copy files into ./mutants
+# and runs pytest there with mutants/ first on sys.path, so the editable install's finder (appended to
+# sys.meta_path) never serves celery_fence and the pytest11 entry point (celery_fence.testing's plugin)
+# loads the mutated copy; the doc tests need docs/, README.md, example_app/ in also_copy.
+# test_pytest_plugin.py is left out: it runs pytest in child projects on the installed package, not on
+# mutants/. mutmut picks the tests of a mutant by function (those that called it while it mapped them), and
+# generates mutants only inside `mutmut run`: the driver lists them by asking for a mutant that does not
+# exist first (mutmut stops there with an AssertionError, by design). Results are kept in mutants/ per
+# function and reused while its code is unchanged, but a change of the [mutmut] test selection resets every
+# result (rerun what the figures need), and a change of a non-Python file is only warned about: after a
+# rewrite run `make mutation-clean` first. A whole run of every module takes hours: sample.
+MODULES ?=
+SAMPLE ?= 0
+SEED ?= 26
+ROWS ?=
+mutation: venv
+	$(if $(filter none,$(MODULES)),,$(PY) -m tests.mutation.mutmut_run $(MODULES) --sample $(SAMPLE) --seed $(SEED) --max-children 1)
+	mkdir -p mutants
+	$(if $(filter none,$(ROWS)),,$(PY) -m tests.mutation.table_mutation --only "$(ROWS)" --json mutants/table-rows.json)
+
+mutation-clean:
+	rm -rf mutants
+
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 
@@ -113,5 +152,5 @@ flower-screenshot: venv
 	$(PY) -m benchmarks.flower_screenshot $(ARGS)
 
 clean:
-	rm -rf build dist *.egg-info .tox .mypy_cache .ruff_cache .pytest_cache .hypothesis .fence-demo
+	rm -rf build dist mutants *.egg-info .tox .mypy_cache .ruff_cache .pytest_cache .hypothesis .fence-demo
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

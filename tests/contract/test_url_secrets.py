@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from celery_fence import FenceError, open_store
+from celery_fence import ConfigurationError, FenceError, open_store
 from celery_fence.config import FenceConfig
+from celery_fence.fence import Fence
 from celery_fence.stores.urls import mask_url
 from celery_fence.testing import StoreProxy
 
@@ -68,12 +69,27 @@ def test_no_password_in_any_error_or_log(url: str, caplog: pytest.LogCaptureFixt
         assert SECRET not in "".join(_texts(record.exc_info[1] if record.exc_info else None))
 
 
+# Each way a configuration holding one of BAD_URLS is refused when read (FenceConfig.from_conf checks only
+# the URL's shape; a store is opened later): the URL itself malformed (no "://", so the error quotes it,
+# masked), or another setting beside it that cannot work.
+BROKEN_CONF = {
+    "malformed url": lambda url: {"fence_store_url": url.replace("://", ":", 1)},
+    "bad ttl": lambda url: {"fence_store_url": url, "fence_lease_ttl": -1},
+    "bad renew interval": lambda url: {"fence_store_url": url, "fence_renew_interval": 1e9},
+    "bad on_busy": lambda url: {"fence_store_url": url, "fence_on_busy": "sometimes"},
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN_CONF.values(), ids=BROKEN_CONF.keys())
 @pytest.mark.parametrize("url", BAD_URLS.values(), ids=BAD_URLS.keys())
-def test_no_password_in_configuration_errors(url: str) -> None:
-    try:
-        FenceConfig.from_conf({"fence_store_url": url})
-    except FenceError as exc:
-        assert all(SECRET not in text for text in _texts(exc))
+def test_no_password_in_configuration_errors(url: str, broken: Any) -> None:
+    conf = broken(url)
+    with pytest.raises(ConfigurationError) as info:
+        FenceConfig.from_conf(conf)
+    for text in _texts(info.value):
+        assert SECRET not in text, text
+    if "://" not in conf["fence_store_url"]:  # the refusal quotes the URL: masked, not left out
+        assert "***" in str(info.value), str(info.value)
 
 
 @pytest.mark.parametrize("url", [f"sqlite://app:{SECRET}@/x.db", f"memory://app:{SECRET}@x"])
@@ -97,3 +113,15 @@ def test_the_fault_kit_masks_urls_too(url: str) -> None:
 )
 def test_mask_url(url: Any, shown: str) -> None:
     assert mask_url(url) == shown
+
+
+def test_a_sql_only_step_on_another_store_names_its_scheme_alone() -> None:
+    """The handle's refusal of SQL work on a store without transactions quotes the scheme, never the URL."""
+    store = open_store(f"memory://app:{SECRET}@x/shop")
+    fence = Fence(store, store.acquire("k", "w", 30.0))
+    with pytest.raises(ConfigurationError) as info:
+        fence.atomic_step("charge", lambda conn: None)
+    assert str(info.value) == (
+        "this needs a SQL lease store, not memory://; use celery_fence.fenced_update(conn, table, values, "
+        "where, self.fence.token) on your own database instead"
+    )

@@ -16,11 +16,27 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     failpoints._folder.cache_clear()
 
 
-def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(failpoints.ENV, raising=False)
+@pytest.mark.parametrize("value", [None, ""], ids=["unset", "empty"])
+def test_off_by_default(value: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset (or empty), no folder is read: a block file where an "on" failpoint would look (here, the
+    working directory) neither blocks the point nor gets a ``reached`` file."""
+    if value is None:
+        monkeypatch.delenv(failpoints.ENV, raising=False)
+    else:
+        monkeypatch.setenv(failpoints.ENV, value)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "before-complete.block").touch()
     failpoints._folder.cache_clear()
-    failpoints.failpoint("before-complete")  # returns at once
-    failpoints._folder.cache_clear()
+    try:
+        assert failpoints._folder() is None
+        point = threading.Thread(target=failpoints.failpoint, args=("before-complete",), daemon=True)
+        point.start()
+        point.join(timeout=5)
+        assert not point.is_alive(), "the failpoint blocked with failpoints off"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["before-complete.block"]  # nothing reached
+    finally:
+        (tmp_path / "before-complete.block").unlink()
+        failpoints._folder.cache_clear()
 
 
 def test_an_unblocked_point_passes(folder: Path) -> None:
