@@ -122,6 +122,10 @@ class Resends:
     ) -> Ending:
         """The fence sends the run again (same id, no ``max_retries`` spent), handing its lease to the copy;
         after ``fence_max_resends`` it gives up with a record instead."""
+        if self.attempt.eager and may_have_committed:  # apply(): no copy to find out, so say it is unknown
+            unknown = StoreUnavailable(f"the completion of {self.key!r} may have committed, unknown: {cause}")
+            unknown.__cause__ = cause
+            return Ending.raising(unknown, hand_back=lease)
         resends = self.attempt.resends
         if resends < self.config.max_resends:
             countdown = self.policy.resend_countdown(first, resends)

@@ -19,7 +19,7 @@ from celery.exceptions import Ignore, Reject
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
-from celery_fence.errors import FenceError
+from celery_fence.errors import FenceError, StoreUnavailable
 from celery_fence.recovery import recover_abandoned
 
 from .broker import Message
@@ -246,7 +246,11 @@ class World:
 
     def body(self, task: Any, n: str) -> Any:
         delivery, fence, task_id = self.stack[-1], task.fence, task.request.id
-        if self.status(task_id)[0] == states.FAILURE:
+        status, outcome = self.status(task_id)
+        # An eager apply() that raised StoreUnavailable told its caller the outcome is unknown, not FAILURE:
+        # the run it may have left (an acquire whose reply was lost) is recovery's to finish.
+        unknown = self.eager and isinstance(outcome, StoreUnavailable)
+        if status == states.FAILURE and not unknown:
             copy = any(name.startswith("fence_") for name in delivery.message.headers)
             origin = delivery.message.origin
             origin = origin if origin in ORIGINS else ("copy" if copy else "twice")
