@@ -20,8 +20,8 @@ import pytest
 from sqlalchemy import text
 
 from celery_fence import LeaseHeld, StaleToken, StoreUnavailable, open_store
+from celery_fence.testing.contract.checks import TTL, audits
 
-from .checks import TTL, audits
 from .harness import harness_params
 from .racing import in_processes
 
