@@ -22,6 +22,7 @@ __all__ = [
     "HANDOFF",
     "LINEAGE",
     "LOOKS",
+    "RECOVERED",
     "RESENDS",
     "WAITING_SINCE",
     "WAITS",
@@ -40,9 +41,10 @@ WAITS = "fence_waits"  # how many times it was sent again to wait the store out
 BUSY_SINCE = "fence_busy_since"  # when a run first found its key held by another task id (epoch s)
 LOOKS = "fence_looks"  # how many times a copy was sent again to look at a held key
 AWAITED = "fence_awaited"  # the finished token whose delivery (SUCCESS stored) a copy already waited for
+RECOVERED = "fence_recovered"  # recovery's attempt number, on the message it sent again
 
 LINEAGE = (HANDOFF, RESENDS)
-ATTEMPT = (WAITING_SINCE, WAITS, BUSY_SINCE, LOOKS, AWAITED)
+ATTEMPT = (WAITING_SINCE, WAITS, BUSY_SINCE, LOOKS, AWAITED, RECOVERED)
 
 
 @dataclass(frozen=True)
@@ -61,13 +63,13 @@ class Attempt:
     looks: int = 0
     awaited: int | None = None
     redelivered: bool = False  # the broker says it delivered this message before
+    recovered: int | None = None  # recovery sent this message again (its attempt)
 
     @property
     def copy(self) -> bool:
-        """A copy of an earlier delivery: redelivered by the broker, or sent again by the fence."""
-        return self.redelivered or bool(
-            self.handoff or self.resends or self.waits or self.looks or self.awaited or self.busy_since
-        )
+        """A copy of an earlier delivery: redelivered by the broker, sent again by the fence or recovery."""
+        sent_again = (self.recovered, self.handoff, self.resends, self.waits, self.looks, self.awaited)
+        return self.redelivered or any(sent_again) or bool(self.busy_since)
 
 
 def attempt_of(request: Any, name: str) -> Attempt:
@@ -85,6 +87,7 @@ def attempt_of(request: Any, name: str) -> Attempt:
         looks=whole(request, LOOKS) or 0,
         awaited=whole(request, AWAITED),
         redelivered=bool((request.delivery_info or {}).get("redelivered")),
+        recovered=whole(request, RECOVERED),
     )
 
 

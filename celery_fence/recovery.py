@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._headers import RECOVERED
 from ._runinfo import resend_options
 from .lease import Abandoned
 from .signals import run_recovered
@@ -69,7 +70,10 @@ def recover_abandoned(
 
 def _resend(app: Any, seen: Abandoned, attempt: int, report: RecoveryReport) -> None:
     run = seen.run or {}
-    app.send_task(run["task"], **resend_options(run))
+    options = resend_options(run)
+    # Marked as a copy: one whose task id ended FAILURE meanwhile is not run again (guarantees.md).
+    options["headers"] = {**(options.get("headers") or {}), RECOVERED: attempt}
+    app.send_task(run["task"], **options)
     copy = f"attempt {attempt}" if not seen.sent else f"attempt {attempt}, copy {seen.sent + 1}"
     if run["task"] not in app.tasks:
         log.warning(

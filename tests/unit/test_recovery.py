@@ -36,7 +36,9 @@ def test_an_abandoned_run_is_sent_again_with_its_id_queue_and_arguments() -> Non
     _abandon(store, "invoice:7", RUN)
     report = recover_abandoned(app, store, grace=TTL, max_recoveries=3)
     assert report.resent == ["invoice:7"]
-    assert app.sent == [("shop.charge", {"args": [7], "kwargs": {"x": 1}, "task_id": "t-1", "queue": "q1"})]
+    sent = {"args": [7], "kwargs": {"x": 1}, "task_id": "t-1", "queue": "q1"}
+    sent["headers"] = {"fence_recovered": 1}
+    assert app.sent == [("shop.charge", sent)]  # marked: a copy of a task id that ended FAILURE is not run
     assert recover_abandoned(app, store, grace=TTL, max_recoveries=3).resent == []  # quiet for the grace
 
 
@@ -44,7 +46,7 @@ def test_a_fence_key_header_travels_with_the_resend() -> None:
     store, app = MemoryStore(clock=FakeClock()), FakeApp()
     _abandon(store, "custom", {**RUN, "fence_key": "custom"})
     recover_abandoned(app, store, grace=TTL, max_recoveries=3)
-    assert app.sent[0][1]["headers"] == {"fence_key": "custom"}
+    assert app.sent[0][1]["headers"] == {"fence_key": "custom", "fence_recovered": 1}
 
 
 def test_recovery_gives_up_after_the_bound_of_started_and_lost_copies() -> None:
