@@ -15,6 +15,7 @@ from typing import Any
 from ._decide import Action, holder_of
 from ._ending import Ending
 from ._headers import AWAITED, BUSY_SINCE, LOOKS, RESENDS, WAITING_SINCE, WAITS, Attempt, run_name
+from ._outcomes import ENDED_STATES
 from ._owed import Stranded
 from ._runtime import FenceRuntime
 from .config import FenceConfig
@@ -80,6 +81,8 @@ class Resends:
     def busy(self, held: LeaseHeld) -> Ending:
         """Another task id holds the key: ``fence_on_busy`` decides. "retry" looks again (sooner than the
         holder's ttl, no ``max_retries`` spent) until the key is done or ``fence_busy_wait`` has passed."""
+        if self.ended():
+            return Ending.ignoring()
         on_busy = self.config.on_busy
         if on_busy == "ignore":  # ends ready, never PENDING: the caller learns who holds the key
             self.host.report("duplicate", held.key, 0, reason="held", detail=str(held))
@@ -96,6 +99,18 @@ class Resends:
         countdown = self.policy.look_again_countdown(held.expires_in, looks)
         return Ending.sending_again(countdown, {BUSY_SINCE: since, LOOKS: looks + 1}, shown_as_retry=held)
 
+    def ended(self) -> bool:
+        """Whether this task id already ended (its callbacks or errbacks ran), asked before an ending that
+        would store RETRY or FAILURE over it: a late copy (a duplicate the broker did not mark) that finds
+        the key busy or the store down must not overwrite that ending, nor let a later copy run the body
+        because the backend no longer says FAILURE. Only on these slow paths: no read on an ordinary run."""
+        ended = self.host.outcome()
+        if ended not in ENDED_STATES:
+            return False
+        log.warning("fence: %s already ended %s: this late copy is absorbed, not run", self.name, ended)
+        self.host.report("duplicate", self.key, 0, reason="ended")
+        return True
+
     def wait_out(self, exc: StoreUnavailable) -> Ending:
         """The store did not answer the acquire: nothing ran, no lease is held. Send the message again later
         until ``fence_store_wait`` has passed since the first failure; then give up with a record."""
@@ -103,6 +118,8 @@ class Resends:
         since = self.attempt.waiting_since or now
         waited = now - since
         if self.attempt.eager or waited >= wait:
+            if self.ended():
+                return Ending.ignoring()
             log.error(
                 "fence: gave up on %s (key %r): the store stayed unavailable for %.0fs (fence_store_wait "
                 "%gs); the body never ran: %s", self.name, self.key, waited, wait, exc,

@@ -9,7 +9,8 @@ Run signals are sent in the process that runs the task, with ``sender`` the task
 - ``lease_renewed``: nothing more (one per lease per successful renew);
 - ``lease_lost`` and ``write_refused``: ``reason``;
 - ``lease_duplicate``: ``reason``, ``"done"`` (the key is finished: the stored result is returned) or
-  ``"held"`` (a live lease holds the key: this delivery is absorbed); ``token`` is 0 when held;
+  ``"held"`` (a live lease holds the key: this delivery is absorbed) or ``"ended"`` (a late copy of a task
+  id whose ending is stored, met on a busy key or an unavailable store); ``token`` is 0 unless done;
 - ``lease_released``: ``held``, seconds from the acquire to the end of the run, whatever its outcome
   (completed, released on an exception or retry, refused, or handed back).
 

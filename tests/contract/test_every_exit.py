@@ -18,6 +18,7 @@ from celery_fence import FencedTask
 from celery_fence._owed import OwedRecords
 from celery_fence._runtime import runtime_for
 from celery_fence.recovery import recover_abandoned
+from celery_fence.signals import lease_duplicate
 from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome, wait_for
 
@@ -211,3 +212,32 @@ def test_a_copy_never_inherits_an_attempts_wait_clock(app: Celery, store: Any, w
     assert waited and waited[0]["fence_waits"] == 1  # the wait's own copy carries its clock
     assert retried and all("fence_waiting_since" not in h and "fence_waits" not in h for h in retried)
     assert world.bodies == ["6:0", "6:1"]
+
+
+def test_a_late_copy_of_a_failed_task_id_leaves_its_failure_alone(
+    app: Celery, store: Any, world: World
+) -> None:
+    """The simulation's N6: a task id ended FAILURE (its errback ran); the producer sends its message again
+    (not marked redelivered) while another task id holds the key. Storing RETRY over the FAILURE would let
+    the copy that look-again sends run the body later (its task id no longer reads FAILURE): both branches
+    of the canvas. The late copy is absorbed instead, and the FAILURE stays."""
+    work = app.tasks["exits.work"]
+    task_id = str(uuid.uuid4())
+    result = work.apply_async((7,), {"fail": True}, task_id=task_id)
+    with pytest.raises(ValueError, match="the body failed"):
+        result.get(timeout=30)
+    store.acquire("k:7", "another-task-ids-run", 30.0, {"id": "another-task-id"})
+    absorbed: list[str] = []
+
+    def on_duplicate(sender: Any = None, reason: str = "", task_id: str = "", **_: Any) -> None:
+        absorbed.append(f"{task_id}:{reason}")
+
+    lease_duplicate.connect(on_duplicate, weak=False)
+    try:
+        work.apply_async((7,), {"fail": True}, task_id=task_id)  # the producer's resend
+        wait_for(lambda: absorbed, what="the late copy to end")
+    finally:
+        lease_duplicate.disconnect(on_duplicate)
+    assert absorbed == [f"{task_id}:ended"]
+    assert result.state == "FAILURE"  # not RETRY: no copy of it will run the body
+    assert world.bodies == [f"7:{task_id}"]

@@ -100,7 +100,7 @@ def _task(world: World, task_id: str, state: Any, committed_by: str | None) -> l
         # a store that did not answer as StoreUnavailable (the outcome unknown, not a failure stored in a
         # result backend), a key another task id holds as LeaseHeld (docs/guarantees.md "Every exit").
         return problems
-    if task_id == committed_by:
+    if task_id == committed_by and task_id not in rec.limited:  # N4: its FAILURE came first and stays
         problems.append(
             f"{where}: its completion committed (the key is done), yet it ended {status} {result!r:.150}"
         )

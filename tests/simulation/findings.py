@@ -79,4 +79,9 @@ FINDINGS: dict[str, tuple[str, list[tuple[str, Any]]]] = {
         [("action", "duplicate"), ("body op", "nested"), ("nested delivery", _queued), ("body op", "raise"),
          END],
     ),
+    "N6 a late copy's busy wait stores RETRY over a FAILURE, and a later copy runs": (
+        "memory",
+        [("action", "duplicate"), ("body op", "raise"), ("action", "send_new"), DELIVER,
+         ("message", _task("t2")), ("body op", "return"), ("complete outcome", "die"), END],
+    ),
 }

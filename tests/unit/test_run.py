@@ -172,6 +172,20 @@ def test_a_copy_of_a_task_id_that_ended_failure_is_not_run(world: World) -> None
     assert state is not None and state.expires_in is None and not state.done
 
 
+@pytest.mark.parametrize("ended", ["FAILURE", "SUCCESS", "REVOKED"])
+def test_a_late_copy_of_an_ended_task_id_leaves_its_ending_alone(world: World, ended: str) -> None:
+    """Not marked as a copy (a duplicate the broker sent twice), it meets a busy key or a dead store: the
+    ending that would store RETRY or FAILURE over the task id's is not produced (the simulation's N6)."""
+    world.memory.acquire("k", "another-task-id", TTL, {"id": "t-2"})
+    host = Host(lambda fence: "never", outcome=ended)
+    busy = world.run(host)
+    assert busy.kind is Kind.IGNORE and busy.error is None and busy.failure is None
+    world.store.faults = [Fault(Outcome.BEFORE, method="acquire", rate=1.0)]
+    late = world.run(host, waiting_since=world.clock() - 601.0, waits=5)
+    assert late.kind is Kind.IGNORE and late.error is None and late.record is None
+    assert host.bodies == 0 and host.reports.count(("duplicate", "k")) == 2
+
+
 def test_a_step_does_not_start_once_the_lease_is_known_lost(world: World) -> None:
     called: list[str] = []
 
