@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 
-from celery_fence import GaveUp, LeaseHeld, StoreUnavailable
+from celery_fence import GaveUp, LeaseHeld, StaleToken, StoreUnavailable
 from celery_fence._ending import Ending, Kind
 from celery_fence._headers import Attempt
 from celery_fence._owed import Released
@@ -35,6 +35,7 @@ class Host:
         self.fence: Fence | None = None
         self.bodies = 0
         self.reports: list[tuple[str, str]] = []
+        self.told: list[tuple[str, int, dict[str, Any]]] = []  # what was reported, with token and fields
 
     def body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.bodies += 1
@@ -52,6 +53,7 @@ class Host:
 
     def report(self, what: str, key: str, token: int, **fields: Any) -> None:
         self.reports.append((what, key))
+        self.told.append((what, token, fields))
 
 
 class World:
@@ -101,7 +103,8 @@ def test_a_failed_runs_lost_release_is_owed(world: World) -> None:
     ending = world.run(Host(lambda fence: 1 / 0))
     assert ending.kind is Kind.RAISE and isinstance(ending.error, ZeroDivisionError)
     assert len(world.runtime.owed) == 1
-    assert isinstance(world.runtime.owed._pop(), Released)
+    owed = world.runtime.owed._pop()
+    assert isinstance(owed, Released) and owed.task_id == "t-1" and owed.lease.token == 1
 
 
 def test_a_time_limit_while_the_completions_reply_is_due_returns_the_stored_result(world: World) -> None:
@@ -184,6 +187,50 @@ def test_a_late_copy_of_an_ended_task_id_leaves_its_ending_alone(world: World, e
     late = world.run(host, waiting_since=world.clock() - 601.0, waits=5)
     assert late.kind is Kind.IGNORE and late.error is None and late.record is None
     assert host.bodies == 0 and host.reports.count(("duplicate", "k")) == 2
+
+
+def _taken_over(world: World) -> None:
+    """The run's lease expires and another owner takes the key (token 2)."""
+    world.clock.advance(TTL + 1)
+    world.memory.acquire("k", "the-new-owner", TTL, {"id": "t-2"})
+
+
+def test_a_refusal_by_the_resource_itself_is_written_to_the_history_once(world: World) -> None:
+    """``fenced_update`` refuses in the user's own table (the store never saw it): the run writes it to the
+    key's history, naming what was refused, and reports it with its token; the new owner's live lease makes
+    the run end ``LeaseHeld`` naming how long that lease still runs."""
+
+    def body(fence: Fence) -> None:
+        _taken_over(world)
+        raise StaleToken("k", fence.token, 2, "update of fence_accounts")
+
+    host = Host(body)
+    ending = world.run(host)
+    assert ending.kind is Kind.RAISE and isinstance(ending.error, LeaseHeld)
+    assert ending.error.expires_in == TTL and "t-2" in str(ending.error.owner)
+    refused = [e for e in world.memory.history("k") if e.event == "refused"]
+    assert [(e.token, e.detail) for e in refused] == [(1, "update of fence_accounts")]
+    assert [(what, token) for what, token, _ in host.told] == [("refused", 1)]
+    assert "update of fence_accounts refused" in host.told[0][2]["reason"]
+
+
+def test_a_refusal_the_store_recorded_is_not_written_twice(world: World) -> None:
+    def body(fence: Fence) -> None:
+        _taken_over(world)
+        raise StaleToken("k", fence.token, 2, "step send", recorded=True)
+
+    world.run(Host(body))
+    assert [e for e in world.memory.history("k") if e.event == "refused"] == []
+
+
+def test_a_refusal_nobody_took_over_is_sent_again_then_given_up_naming_why(world: World) -> None:
+    def body(fence: Fence) -> None:
+        world.memory.force_release("k")  # an operator's release: nobody holds the key
+        raise StaleToken("k", fence.token, None, "step send")
+
+    ending = world.run(Host(body), resends=20)
+    assert ending.kind is Kind.RAISE and isinstance(ending.error, GaveUp)
+    assert "step send refused" in str(ending.error)
 
 
 def test_a_step_does_not_start_once_the_lease_is_known_lost(world: World) -> None:
