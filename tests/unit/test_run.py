@@ -189,6 +189,23 @@ def test_a_late_copy_of_an_ended_task_id_leaves_its_ending_alone(world: World, e
     assert host.bodies == 0 and host.reports.count(("duplicate", "k")) == 2
 
 
+def test_an_unknown_completion_whose_reads_fail_is_sent_again_once_its_deadline_passed(world: World) -> None:
+    """The completion's reply is lost and no read answers: the run reads until the lease's deadline, not for
+    ever, then hands the run to a copy (it may have committed: never FAILURE)."""
+    reads: list[float] = []
+
+    class Unreadable(IndeterminateStore):
+        def get(self, key: str) -> Any:
+            reads.append(world.clock())
+            assert len(reads) < 1000, "the run kept reading past its deadline"
+            raise StoreUnavailable("sim: the read is lost")
+
+    world.runtime._store = Unreadable(world.memory, faults=[Fault(Outcome.LOST, method="complete")])  # type: ignore[assignment]
+    ending = world.run(Host(lambda fence: "v"))
+    assert ending.kind is Kind.SEND_AGAIN and ending.headers == {"fence_resends": 1}
+    assert reads and reads[-1] - reads[0] <= TTL  # read until the deadline, on the fake clock
+
+
 def _taken_over(world: World) -> None:
     """The run's lease expires and another owner takes the key (token 2)."""
     world.clock.advance(TTL + 1)
