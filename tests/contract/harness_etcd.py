@@ -30,6 +30,12 @@ from celery_fence.testing import free_port
 
 from .harness import Harness, end_process
 
+PORT_TRIES = 3
+
+
+class PortTaken(Exception):
+    """etcd could not bind a port that was free when it was chosen."""
+
 
 class EtcdServer:
     """One private single-member etcd, started and stopped by pid."""
@@ -38,6 +44,7 @@ class EtcdServer:
         self.binary, self.directory, self.options, self.name = binary, directory, options, name
         self.port, self.peer_port = free_port(), free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self._log_from = 0  # where this launch's lines start in etcd.log
         self.initial_cluster = f"{name}={self.peer_url}"  # a cluster of members sets it to all of them
 
     @property
@@ -52,8 +59,23 @@ class EtcdServer:
         return f"etcd://127.0.0.1:{self.port}/{prefix}"
 
     def start(self) -> EtcdServer:
-        self.launch()
-        return self.wait_healthy()
+        """Start and wait until healthy. A server of its own tries other ports if one was taken; a cluster's
+        member restarting on its data dir keeps the ports the others know it by."""
+        alone = self.initial_cluster == f"{self.name}={self.peer_url}"
+        for _ in range(PORT_TRIES if alone else 1):
+            self.launch()
+            try:
+                return self.wait_healthy()
+            except PortTaken:
+                self.new_ports()
+        pytest.fail(f"etcd found its ports taken ({PORT_TRIES if alone else 1} tries)")
+
+    def new_ports(self) -> None:
+        """Another port pair, after another process took one between ``free_port()`` and etcd's bind (an
+        outgoing connection's ephemeral port can be any free one)."""
+        self.port, self.peer_port = free_port(), free_port()
+        self.initial_cluster = f"{self.name}={self.peer_url}"
+        shutil.rmtree(self.directory / "data", ignore_errors=True)
 
     def launch(self) -> None:
         """Start the process; a cluster's member is healthy only once a majority of them runs."""
@@ -62,6 +84,7 @@ class EtcdServer:
         args += ["--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url]
         args += ["--initial-cluster", self.initial_cluster, "--log-outputs", "stderr", *self.options]
         with open(self.directory / "etcd.log", "ab") as log:
+            self._log_from = log.tell()
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
 
     def wait_healthy(self, timeout: float = 30) -> EtcdServer:
@@ -69,7 +92,11 @@ class EtcdServer:
         while not self.healthy():
             if self.process is None or self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                log_tail = (self.directory / "etcd.log").read_text(errors="replace")[-2000:]
+                with open(self.directory / "etcd.log", "rb") as log:
+                    log.seek(self._log_from)
+                    log_tail = log.read().decode(errors="replace")[-2000:]
+                if "bind: address already in use" in log_tail:
+                    raise PortTaken(log_tail)
                 pytest.fail(f"etcd on port {self.port} did not start:\n{log_tail}")
             time.sleep(0.05)
         return self

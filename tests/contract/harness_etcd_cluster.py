@@ -24,7 +24,7 @@ import pytest
 from celery_fence.testing import wait_for
 
 from .harness import Harness
-from .harness_etcd import EtcdServer, once_per_session, open_store_at
+from .harness_etcd import PORT_TRIES, EtcdServer, PortTaken, once_per_session, open_store_at
 
 SIZE = 3
 
@@ -35,17 +35,29 @@ class EtcdCluster:
     def __init__(self, binary: str, directory: Path, size: int = SIZE) -> None:
         token = ("--initial-cluster-token", f"fence-{uuid.uuid4().hex[:8]}")
         self.members = [EtcdServer(binary, directory / f"m{i}", *token, name=f"m{i}") for i in range(size)]
-        everyone = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         for member in self.members:
             member.directory.mkdir(parents=True)
-            member.initial_cluster = everyone
+        self._introduce()
 
     def start(self) -> EtcdCluster:
-        for member in self.members:  # all first: a member is healthy only once a majority runs
-            member.launch()
+        for _ in range(PORT_TRIES):
+            for member in self.members:  # all first: a member is healthy only once a majority runs
+                member.launch()
+            try:
+                for member in self.members:
+                    member.wait_healthy(60)
+                return self
+            except PortTaken:  # a port went to another process before etcd bound it: all anew
+                self.stop()
+                for member in self.members:
+                    member.new_ports()
+                self._introduce()
+        pytest.fail(f"the etcd cluster found its ports taken {PORT_TRIES} times")
+
+    def _introduce(self) -> None:
+        everyone = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         for member in self.members:
-            member.wait_healthy(60)
-        return self
+            member.initial_cluster = everyone
 
     def stop(self) -> None:
         """SIGKILL every member: its data dir is thrown away, and a SIGTERMed leader would first try to hand
