@@ -33,4 +33,8 @@ def report(chooser: Chooser, problems: list[str], store: str, eager: bool) -> st
 def replay(sim: Simulator, spec: str) -> None:
     """Run the program printed as ``store[-eager]:numbers`` again on ``sim``."""
     mode, _, program = spec.partition(":")
-    run_checked(sim, Replay(program), mode.split("-")[0], eager=mode.endswith("-eager"))
+    chooser = Replay(program)
+    try:
+        run_checked(sim, chooser, mode.split("-")[0], eager=mode.endswith("-eager"))
+    finally:  # shown with -s, also when the invariants hold now
+        print("\n".join(chooser.lines))

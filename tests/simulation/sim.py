@@ -9,6 +9,7 @@ all programs, each program on keys of its own; its stored times are moved back w
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
@@ -16,6 +17,7 @@ from celery import Celery
 from sqlalchemy import text
 
 from celery_fence import FencedTask
+from celery_fence import task as task_module
 from celery_fence._owed import OwedRecords
 from celery_fence._runtime import runtime_for
 from celery_fence.renewer import Renewer
@@ -46,19 +48,44 @@ def _active() -> Simulator:
     return _RUNNING[0]
 
 
+def late_interrupt(world: World | None) -> None:
+    """A soft time limit lands once the run's completion answered, in the run's last step, as a signal
+    handler's exception would: when the body's ``late_base`` asked for one."""
+    if world is not None and world.stack and world.stack[-1].late_base:
+        world.stack[-1].late_base = False
+        world.say("  a soft time limit lands after the completion answered")
+        raise SoftTimeLimitExceeded("sim: soft time limit after the completion answered")
+
+
+def _install_late_interrupt() -> Callable[[], None]:
+    """The run's last step is its host's ``released`` (in ``Run``'s ``finally``); 8908ba9 had the task's
+    ``ended`` instead (``SimTask.ended``). Returns the undo."""
+    host = getattr(task_module, "_Host", None)
+    if host is None or getattr(host.released, "sim", False):  # old code, or installed already
+        return lambda: None
+    original = host.released
+
+    def released(self: Any, fence: Any) -> None:
+        original(self, fence)
+        late_interrupt(_active().world if _RUNNING else None)
+
+    released.sim = True  # type: ignore[attr-defined]
+    host.released = released
+
+    def undo() -> None:
+        host.released = original
+
+    return undo
+
+
 class SimTask(FencedTask):  # type: ignore[misc]
-    """``sim.work``'s class: a soft time limit can land once the run's completion answered, in the run's
-    last step (the task's ``ended``, in ``Run``'s ``finally``), as a signal handler's exception would."""
+    """``sim.work``'s class (on 8908ba9 its ``ended`` was the run's last step: :func:`late_interrupt`)."""
 
     sim: Simulator | None = None
 
     def ended(self, fence: Any) -> None:
         super().ended(fence)
-        world = self.sim.world if self.sim is not None else None
-        if world is not None and world.stack and world.stack[-1].late_base:
-            world.stack[-1].late_base = False
-            world.say("  a soft time limit lands after the completion answered")
-            raise SoftTimeLimitExceeded("sim: soft time limit after the completion answered")
+        late_interrupt(self.sim.world if self.sim is not None else None)
 
 
 class Simulator:
@@ -80,6 +107,7 @@ class Simulator:
         now, sleep = (lambda: _active().clock()), (lambda seconds: _active()._sleep(seconds))
         self.undo_clock = install_clock(self.runtime, now, sleep)
         self.undo_trace = trace_decisions(lambda line: _active()._world().say(line))
+        self.undo_late = _install_late_interrupt()
         self.broker = SimBroker(app, self.clock, lambda message: self._world().sent(message))
         uid = f"sim-{id(self)}"
         store_wait_exhausted.connect(self._gave_up, weak=False, dispatch_uid=f"{uid}-gave-up")
@@ -185,6 +213,7 @@ class Simulator:
     def close(self) -> None:
         self.undo_clock()
         self.undo_trace()
+        self.undo_late()
         store_wait_exhausted.disconnect(dispatch_uid=f"sim-{id(self)}-gave-up")
         self.runtime._store = None
         self.runtime.close()
