@@ -75,8 +75,8 @@ soak: venv
 	FENCE_SOAK_BATCH=$(SOAK_BATCH) $(PY) -m tests.chaos.report .soak.jsonl docs/reliability.md $(SOAK_SECTION)
 	$(MAKE) soak-sim ARGS=
 
-# The simulation of the real run (tests/simulation) at SIM_PROGRAMS random programs on the memory store and a
-# tenth of that on SQLite; make test runs its short, derandomized form. A failure prints a replay line.
+# The simulation of the real run (tests/simulation) at SIM_PROGRAMS random programs on the memory store through
+# Celery's tracer, as many without it (Run through a fake host), and a tenth of that on SQLite; make test runs its short, derandomized form. A failure prints a replay line.
 SIM_PROGRAMS ?= 200000
 soak-sim: venv
 	FENCE_SIM_PROGRAMS=$(SIM_PROGRAMS) $(PYTEST) tests/simulation -m soak --timeout=0 $(ARGS)

@@ -125,22 +125,36 @@ class Run:
         runtime.renewer.track(lease, self.policy, sent_at, *self._hooks(fence))
         self.host.acquired(fence)
         try:
-            try:
-                runtime.owed.flush(self.store)  # the store answers again: what this process owes it
-                result = self._body(fence, args, kwargs)
-            except (LeaseLost, StaleToken) as exc:
-                return self._refused(fence, exc)
-            except StoreUnavailable as exc:  # a fenced write's outcome is unknown: run again
-                log.warning("fence: store unavailable in %s, re-queued: %s", self.key, exc)
-                action = decide(Facts(Event.BODY_UNKNOWN))
-                return self._end(action, fence, None, self.policy.interval, cause=exc)
-            except BaseException as exc:
-                return self._end(decide(Facts(body_event(exc))), fence, None, cause=exc)
-            return self._complete(fence, result)
-        finally:
+            ending = self._attempt(fence, args, kwargs)
+        except BaseException:
+            self._let_go(fence)
+            raise
+        try:
+            self._let_go(fence)
+        except Exception as exc:  # an interrupt (a time limit) in the run's last steps: its ending stands
+            log.warning("fence: %s was interrupted once its ending was decided: %r", self.name, exc)
+        return ending
+
+    def _let_go(self, fence: Fence) -> None:
+        try:
             fence.abort()
-            runtime.renewer.untrack(lease)
+            self.runtime.renewer.untrack(fence.lease)
+        finally:
             self.host.released(fence)
+
+    def _attempt(self, fence: Fence, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ending:
+        try:
+            self.runtime.owed.flush(self.store)  # the store answers again: what this process owes it
+            result = self._body(fence, args, kwargs)
+        except (LeaseLost, StaleToken) as exc:
+            return self._refused(fence, exc)
+        except StoreUnavailable as exc:  # a fenced write's outcome is unknown: run again
+            log.warning("fence: store unavailable in %s, re-queued: %s", self.key, exc)
+            action = decide(Facts(Event.BODY_UNKNOWN))
+            return self._end(action, fence, None, self.policy.interval, cause=exc)
+        except BaseException as exc:
+            return self._end(decide(Facts(body_event(exc))), fence, None, cause=exc)
+        return self._complete(fence, result)
 
     def _hooks(self, fence: Fence) -> tuple[OnLost, OnRenewed]:
         def on_lost(lost: Lease, reason: str) -> None:  # the renewer's thread
@@ -232,15 +246,8 @@ class Run:
         awaited = outcome is None or (self.state is not None and self.state.token == self.attempt.awaited)
         return decide(replace(facts, view=view, delivered=outcome in ENDED_STATES, awaited=awaited))
 
-    def _end(
-        self,
-        action: Action,
-        fence: Fence | None,
-        result: Any,
-        countdown: float = 0.0,
-        reason: str = "",
-        cause: BaseException | None = None,
-    ) -> Ending:
+    def _end(self, action: Action, fence: Fence | None, result: Any, countdown: float = 0.0, reason: str = "",
+             cause: BaseException | None = None) -> Ending:
         if action is Action.SUCCEED:
             return Ending.returning(result)
         if action is Action.RETURN_STORED:

@@ -123,10 +123,14 @@ def _interrupted_reply(app: Celery, store: Any, world: World, joined: bool) -> N
     assert len(world.bodies) == 1
 
 
+@pytest.mark.parametrize("reply", ["answered", "lost"])
 def test_a_time_limit_after_the_completion_answered_still_ends_success(
-    app: Celery, store: Any, world: World
+    app: Celery, store: Any, world: World, reply: str
 ) -> None:
-    """Finding 2, the other window: the interruption lands on the way out, after the completion answered."""
+    """Finding 2, the other window: the interruption lands on the way out, after the completion answered,
+    or after a read found the key done when the completion's reply was lost (the simulation's N7)."""
+    if reply == "lost":
+        _faults(app, Fault(Outcome.LOST, method="complete"))
     runtime = runtime_for(app)
     renewer = runtime.renewer
     untrack, fired = renewer.untrack, []

@@ -84,4 +84,11 @@ FINDINGS: dict[str, tuple[str, list[tuple[str, Any]]]] = {
         [("action", "duplicate"), ("body op", "raise"), ("action", "send_new"), DELIVER,
          ("message", _task("t2")), ("body op", "return"), ("complete outcome", "die"), END],
     ),
+    "N7 a time limit after a lost completion reply was read back done": (
+        "memory", [DELIVER, ("body op", "late_base"), ("complete outcome", "lost"), END],
+    ),
+    "N8 a time limit after a completion's unknown outcome sent the run again": (
+        "memory",
+        [DELIVER, ("body op", "late_base"), ("complete outcome", "late"), ("get outcome", "before"), END],
+    ),
 }

@@ -25,6 +25,7 @@ from celery_fence.signals import store_wait_exhausted
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import FakeClock
 
+from .bare import BareWorker
 from .broker import SimBroker
 from .chooser import Chooser
 from .clock import install_clock, trace_decisions
@@ -50,8 +51,8 @@ def _active() -> Simulator:
 
 def late_interrupt(world: World | None) -> None:
     """A soft time limit lands once the run's completion answered, in the run's last step, as a signal
-    handler's exception would: when the body's ``late_base`` asked for one."""
-    if world is not None and world.stack and world.stack[-1].late_base:
+    handler's exception would: when the body's ``late_base`` asked for one (never in a worker that died)."""
+    if world is not None and world.stack and world.stack[-1].late_base and not world.stack[-1].dead:
         world.stack[-1].late_base = False
         world.say("  a soft time limit lands after the completion answered")
         raise SoftTimeLimitExceeded("sim: soft time limit after the completion answered")
@@ -109,6 +110,7 @@ class Simulator:
         self.undo_trace = trace_decisions(lambda line: _active()._world().say(line))
         self.undo_late = _install_late_interrupt()
         self.broker = SimBroker(app, self.clock, lambda message: self._world().sent(message))
+        self.bare = BareWorker(self)  # Run through a fake host: the same programs without the tracer
         uid = f"sim-{id(self)}"
         store_wait_exhausted.connect(self._gave_up, weak=False, dispatch_uid=f"{uid}-gave-up")
         if self.sql:
@@ -139,7 +141,7 @@ class Simulator:
         assert self.world is not None
         return self.world
 
-    def run(self, chooser: Chooser, eager: bool = False) -> World:
+    def run(self, chooser: Chooser, eager: bool = False, bare: bool = False) -> World:
         """One program: a fresh store (memory) or fresh keys (SQL), a fresh renewer, the program, settled."""
         number = next(_PROGRAMS)
         _RUNNING[:] = [self]
@@ -151,6 +153,7 @@ class Simulator:
         renewer._ensure_thread = lambda: None  # type: ignore[method-assign]  # ticked by the program
         runtime.owed = OwedRecords()
         self.world = world = World(self, chooser, store, raw, f"p{number}-", eager)
+        world.bare = bare
         world.program()
         return world
 

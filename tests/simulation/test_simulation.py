@@ -3,8 +3,8 @@ FencedTask/Run code runs them through Celery's tracer on a simulated broker, and
 DESIGN.md §1 and §3 are checked after each (``checks.py``). A failure prints the program and its replay line.
 
 ``make test`` runs the short form (derandomized: the same programs every run); ``make soak-sim`` (part of
-``make soak``) the random soak, ``FENCE_SIM_PROGRAMS`` programs on the memory store (default 200,000) and a
-tenth of that on SQLite.
+``make soak``) the random soak, ``FENCE_SIM_PROGRAMS`` programs on the memory store (default 200,000) through
+the tracer, as many without it (``bare.py``), and a tenth of that on SQLite.
 """
 
 from __future__ import annotations
@@ -43,6 +43,13 @@ def test_programs_on_the_memory_store(memory_sim: Simulator, data: Any) -> None:
     run_checked(memory_sim, Drawn(data), "memory")
 
 
+@short(2000)
+@given(data=st.data())
+def test_programs_without_celery(memory_sim: Simulator, data: Any) -> None:
+    """``Run`` through a fake host (bare.py): the same programs and checks, without Celery's tracer."""
+    run_checked(memory_sim, Drawn(data), "memory", bare=True)
+
+
 @short(200)
 @given(data=st.data())
 def test_programs_through_eager_apply(memory_sim: Simulator, data: Any) -> None:
@@ -72,6 +79,13 @@ def test_programs_on_postgresql(postgresql_sim: Simulator, data: Any) -> None:
 @given(data=st.data())
 def test_soak_on_the_memory_store(memory_sim: Simulator, data: Any) -> None:
     run_checked(memory_sim, Drawn(data), "memory")
+
+
+@pytest.mark.soak
+@soak(SOAK)
+@given(data=st.data())
+def test_soak_without_celery(memory_sim: Simulator, data: Any) -> None:
+    run_checked(memory_sim, Drawn(data), "memory", bare=True)
 
 
 @pytest.mark.soak

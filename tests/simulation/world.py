@@ -94,6 +94,7 @@ class World:
     def __init__(self, sim: Any, chooser: Chooser, store: Any, raw: Any, prefix: str, eager: bool) -> None:
         self.sim, self.chooser, self.store, self.raw = sim, chooser, store, raw
         self.prefix, self.eager = prefix, eager
+        self.bare = False  # run through bare.BareWorker (Run and a fake host) instead of Celery's tracer
         self.strict_failure = getattr(sim, "strict_failure", False)  # N4 counted as a violation (its test)
         self.sql = sim.sql
         self.queue: list[Message] = []
@@ -221,6 +222,8 @@ class World:
             )
 
     def _run(self, message: Message) -> tuple[int, Any]:
+        if self.bare:
+            return self.sim.bare.deliver(message)  # type: ignore[no-any-return]
         if not self.eager:
             return self.sim.broker.deliver(message)
         args, kwargs, _ = json.loads(message.body)

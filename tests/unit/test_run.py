@@ -212,6 +212,29 @@ def test_an_unknown_completion_whose_reads_fail_is_sent_again_once_its_deadline_
     assert reads and started + TTL / 2 <= reads[0] and reads[-1] <= started + TTL
 
 
+class InterruptedOnRelease(Host):
+    """A time limit lands in the run's last step, once its ending is decided."""
+
+    def released(self, fence: Fence) -> None:
+        super().released(fence)
+        raise SoftTimeLimitExceeded("on the way out")
+
+
+@pytest.mark.parametrize("reply", ["lost", "late"])
+def test_a_time_limit_in_the_last_step_leaves_the_decided_ending_standing(world: World, reply: str) -> None:
+    """The completion's reply was lost: read back done, the run returns the stored result; with the read
+    failing past the deadline, it sends a copy. A time limit in the last step changes neither (the
+    simulation's N7 and N8: both ended FAILURE, and the copy was never sent)."""
+    world.store.faults = [Fault(Outcome.LOST, method="complete")]
+    if reply == "late":  # no read answers: the outcome stays unknown
+        world.store.faults.append(Fault(Outcome.BEFORE, method="get", rate=1.0))
+    ending = world.run(InterruptedOnRelease(lambda fence: "v"))
+    if reply == "lost":
+        assert ending == Ending.returning("v")
+    else:
+        assert ending.kind is Kind.SEND_AGAIN and ending.hand_back is not None
+
+
 def _taken_over(world: World) -> None:
     """The run's lease expires and another owner takes the key (token 2)."""
     world.clock.advance(TTL + 1)
