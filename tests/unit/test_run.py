@@ -212,6 +212,18 @@ def test_an_unknown_completion_whose_reads_fail_is_sent_again_once_its_deadline_
     assert reads and started + TTL / 2 <= reads[0] and reads[-1] <= started + TTL
 
 
+def test_a_fenced_write_of_unknown_outcome_sends_the_run_again_after_a_renew_interval(world: World) -> None:
+    """The body's own fenced write did not answer: a copy runs it again (the write is token-checked), not at
+    once but after a renew interval, the lease handed to it."""
+
+    def body(fence: Fence) -> None:
+        raise StoreUnavailable("sim: the fenced write's reply is lost")
+
+    ending = world.run(Host(body))
+    assert ending.kind is Kind.SEND_AGAIN and ending.headers == {"fence_resends": 1}
+    assert ending.countdown == TTL / 3 and ending.hand_back is not None and ending.error is None
+
+
 class InterruptedOnRelease(Host):
     """A time limit lands in the run's last step, once its ending is decided."""
 
