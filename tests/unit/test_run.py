@@ -6,6 +6,7 @@ that every pause went through the runtime's sleep (the fake clock), never real t
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -222,6 +223,49 @@ def test_a_fenced_write_of_unknown_outcome_sends_the_run_again_after_a_renew_int
     ending = world.run(Host(body))
     assert ending.kind is Kind.SEND_AGAIN and ending.headers == {"fence_resends": 1}
     assert ending.countdown == TTL / 3 and ending.hand_back is not None and ending.error is None
+
+
+def test_with_fence_interrupt_a_lost_lease_interrupts_the_body() -> None:
+    """``fence_interrupt``: the renewer's lost lease interrupts the body where it stands (here the main
+    thread, by a signal); the run ends as a refusal, the rest of the body never runs."""
+    world = World(fence_interrupt=True)
+    went_on: list[str] = []
+
+    def body(fence: Fence) -> str:
+        lose = threading.Thread(target=world.runtime.renewer._lose, args=(fence.lease, "renew refused"))
+        lose.start()  # from another thread, as the renewer's own
+        lose.join()
+        for _ in range(10_000):  # the handler runs at a bytecode boundary of this thread
+            pass
+        went_on.append("the body went on")
+        return "late"
+
+    host = Host(body)
+    ending = world.run(host)
+    assert went_on == [] and ending.kind is not Kind.RETURN
+    assert [what for what, _, _ in host.told] == ["lost", "refused"]
+    assert world.runtime.interrupter._armed == {}  # disarmed as the run left its body
+
+
+def test_the_renewers_renewals_are_reported_to_the_host(world: World) -> None:
+    def body(fence: Fence) -> str:
+        world.clock.advance(TTL / 3 + 1)
+        world.runtime.renewer.tick()
+        return "v"
+
+    host = Host(body)
+    assert world.run(host) == Ending.returning("v")
+    assert [(what, token) for what, token, _ in host.told] == [("renewed", 1)]
+
+
+def test_an_eager_runs_fenced_write_of_unknown_outcome_raises_to_its_caller(world: World) -> None:
+    unknown = StoreUnavailable("sim: the fenced write's reply is lost")
+
+    def body(fence: Fence) -> None:
+        raise unknown
+
+    ending = world.run(Host(body), eager=True)
+    assert ending.kind is Kind.RAISE and ending.error is unknown
 
 
 class InterruptedOnRelease(Host):
