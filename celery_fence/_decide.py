@@ -111,11 +111,10 @@ _WITHOUT_READ = {
     Event.RETURNED_BLOCK_UNDONE: Action.COMPLETE,  # the body handled it: nothing else was lost
     Event.RETURNED_WORK_LOST: Action.REQUEUE,  # completing would commit half a run: run it all again
     # The body's own endings take Celery's course; the lease is released so the next attempt starts at once.
-    Event.RAISED: Action.FAIL,
+    # (A FAILURE is decided after a read: _failed.) Retry, Reject and Ignore send no errback.
     Event.RETRIED: Action.FAIL,
     Event.REJECTED: Action.FAIL,
     Event.IGNORED: Action.FAIL,
-    Event.INTERRUPTED: Action.FAIL,
     Event.BODY_UNKNOWN: Action.REQUEUE,  # nothing of a failed transaction committed; a step did or not
     Event.COMPLETED: Action.SUCCEED,
     Event.COMPLETED_INTERRUPTED: Action.SUCCEED,  # committed: an interruption now cannot undo it
@@ -199,11 +198,22 @@ def _interrupted(facts: Facts) -> Action:
     return _REFUSED[view]
 
 
+def _failed(facts: Facts) -> Action:
+    """The body raised or was interrupted: Celery stores FAILURE and sends the errback, unless a copy of this
+    very task id holds or finished the key (this run is a stale one): that copy's ending is the task id's,
+    and a FAILURE now would run both branches of the canvas."""
+    if facts.view in (View.SAME_TASK, View.SAME_TASK_DONE):
+        return Action.ABSORB
+    return Action.FAIL  # ours, another task id's, free, or unreadable
+
+
 def _refused(facts: Facts) -> Action:
     return _REFUSED[facts.view]
 
 
 _AFTER_READ = {
+    Event.RAISED: _failed,
+    Event.INTERRUPTED: _failed,
     Event.FINISHED: _finished,
     Event.HELD: _held,
     Event.REFUSED: _refused,

@@ -150,10 +150,9 @@ class Run:
             return self._refused(fence, exc)
         except StoreUnavailable as exc:  # a fenced write's outcome is unknown: run again
             log.warning("fence: store unavailable in %s, re-queued: %s", self.key, exc)
-            action = decide(Facts(Event.BODY_UNKNOWN))
-            return self._end(action, fence, None, self.policy.interval, cause=exc)
+            return self._end(decide(Facts(Event.BODY_UNKNOWN)), fence, None, self.policy.interval, cause=exc)
         except BaseException as exc:
-            return self._end(decide(Facts(body_event(exc))), fence, None, cause=exc)
+            return self._end(self._decide(Facts(body_event(exc)), fence.token), fence, None, cause=exc)
         return self._complete(fence, result)
 
     def _hooks(self, fence: Fence) -> tuple[OnLost, OnRenewed]:
@@ -253,6 +252,9 @@ class Run:
         if action is Action.RETURN_STORED:
             return Ending.returning(result if self.state is None else self.state.result)
         assert fence is not None, action
+        if action is Action.ABSORB:  # a stale run: a copy of this task id has the key and its ending
+            log.warning("fence: %s failed, but a copy of it has %s: its ending stands", self.name, self.key)
+            return Ending.ignoring()
         if action is Action.FAIL:  # the body's own ending: Celery's course, the lease given back first
             assert cause is not None
             fence.abort()

@@ -43,8 +43,10 @@ def _key(world: World, key: str) -> list[str]:
         problems.append(f"{key}: completed {len(completes)} times")
     if state is not None and not done and not dead and state.expires_in is not None:
         problems.append(f"{key}: a lease (token {state.token}) is left after settling: nobody recovers it")
-    committed_by = rec.token_task.get(state.token) if done and state else None
-    problems += _effects(world, key, state.token if done and state else None)
+    # The completion's token: an admin release of a done key moves its token on (still done, nobody fenced).
+    done_by = completes[0].token if completes else (state.token if done and state else None)
+    committed_by = rec.token_task.get(done_by) if done and done_by else None
+    problems += _effects(world, key, done_by if done else None)
     for task_id in [t for t, k in rec.tasks.items() if k == key]:
         problems += _task(world, task_id, state, committed_by)
     return problems

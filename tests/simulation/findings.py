@@ -91,4 +91,9 @@ FINDINGS: dict[str, tuple[str, list[tuple[str, Any]]]] = {
         "memory",
         [DELIVER, ("body op", "late_base"), ("complete outcome", "late"), ("get outcome", "before"), END],
     ),
+    "N9 a stale run of a task id fails after its copy succeeded": (
+        "memory",
+        [("action", "duplicate"), ("body op", "nested"), ("nested delivery", _queued),
+         ("acquire outcome", "late"), ("body op", "return"), ("body op", "raise"), END],
+    ),
 }

@@ -268,6 +268,34 @@ def test_an_eager_runs_fenced_write_of_unknown_outcome_raises_to_its_caller(worl
     assert ending.kind is Kind.RAISE and ending.error is unknown
 
 
+@pytest.mark.parametrize("copy_done", [True, False])
+def test_a_stale_runs_failure_leaves_the_ending_to_the_copy_of_its_task_id(
+    world: World, copy_done: bool
+) -> None:
+    """A copy of this very task id took the key over (and finished it, or runs it still); then this stale
+    run's body raises. A FAILURE now would fire the errback beside the copy's link: it is absorbed."""
+
+    def body(fence: Fence) -> None:
+        world.clock.advance(TTL + 1)
+        copy = world.memory.acquire("k", "the-copy", TTL, {"id": "t-1"})
+        if copy_done:
+            world.memory.complete(copy, "the copy's result")
+        raise ValueError("the stale run's body failed")
+
+    ending = world.run(Host(body))
+    assert ending.kind is Kind.IGNORE and ending.failure is None
+
+
+def test_a_failure_whose_key_another_task_id_took_is_still_this_task_ids_failure(world: World) -> None:
+    def body(fence: Fence) -> None:
+        world.clock.advance(TTL + 1)
+        world.memory.acquire("k", "another-task-id", TTL, {"id": "t-2"})
+        raise ValueError("failed")
+
+    ending = world.run(Host(body))
+    assert ending.kind is Kind.RAISE and isinstance(ending.error, ValueError)
+
+
 class InterruptedOnRelease(Host):
     """A time limit lands in the run's last step, once its ending is decided."""
 
