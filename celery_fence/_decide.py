@@ -176,26 +176,21 @@ def _completion(facts: Facts) -> Action:
     view = facts.view
     if view is View.UNREAD:  # unreadable: read again until the deadline, then let the copy find out
         return Action.REQUEUE if facts.deadline_passed else Action.READ
-    if view is View.MINE_DONE:
-        return Action.RETURN_STORED  # committed; only the reply was lost
     if view is View.MINE_HELD and facts.event is Event.COMPLETE_UNKNOWN:
         # Not committed. A joined transaction rolled back with it: run again. Else the token is ours.
         if facts.joined or facts.deadline_passed:
             return Action.REQUEUE
         return Action.CALL_AGAIN
-    return _REFUSED[view]
+    return _REFUSED[view]  # mine done: committed, only the reply was lost (RETURN_STORED)
 
 
 def _interrupted(facts: Facts) -> Action:
     """An interruption while the completion's reply was due: what the store holds says how the run ended."""
-    view = facts.view
-    if view is View.UNREAD:  # unreadable: it may have committed, so never FAILURE; the copy finds out
-        return Action.REQUEUE
-    if view is View.MINE_DONE:
-        return Action.RETURN_STORED  # committed: SUCCESS, whatever interrupted the reply
-    if view in (View.MINE_HELD, View.MINE_FREE):
+    if facts.view in (View.MINE_HELD, View.MINE_FREE):
         return Action.FAIL  # not committed: the interruption is how this run ended
-    return _REFUSED[view]
+    # Mine done: committed, SUCCESS whatever interrupted the reply (RETURN_STORED); unreadable: it may have
+    # committed, so never FAILURE, the copy finds out (REQUEUE); anyone else's: as any refusal.
+    return _REFUSED[facts.view]
 
 
 def _failed(facts: Facts) -> Action:

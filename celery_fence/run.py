@@ -193,10 +193,10 @@ class Run:
         deadline = deadline if deadline is not None else self.clock() + self.policy.ttl
         self.runtime.renewer.untrack(fence.lease)  # no renew of a lease whose completion may have committed
         failpoint("before-complete")
-        event = returned_event(fence)
-        if event is Event.RETURNED_WORK_LOST:
+        action = decide(Facts(returned_event(fence)))
+        if action is not Action.COMPLETE:  # the run's transaction was lost with earlier writes
             lost = StoreUnavailable(f"the run's transaction on key {self.key!r} was lost with earlier writes")
-            return self._end(decide(Facts(event)), fence, None, self.policy.interval, cause=lost)
+            return self._end(action, fence, None, self.policy.interval, cause=lost)
         joined = fence.joined
         while True:
             try:
