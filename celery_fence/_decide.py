@@ -196,8 +196,9 @@ def _interrupted(facts: Facts) -> Action:
 def _failed(facts: Facts) -> Action:
     """The body raised or was interrupted: Celery stores FAILURE and sends the errback, unless a copy of this
     very task id holds or finished the key (this run is a stale one): that copy's ending is the task id's,
-    and a FAILURE now would run both branches of the canvas."""
-    if facts.view in (View.SAME_TASK, View.SAME_TASK_DONE):
+    and a FAILURE now would run both branches of the canvas. Unreadable: the result backend tells whether
+    its ending was delivered already."""
+    if facts.view in (View.SAME_TASK, View.SAME_TASK_DONE) or facts.delivered:
         return Action.ABSORB
     return Action.FAIL  # ours, another task id's, free, or unreadable
 

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 ACQUIRE_ATTEMPTS = 3  # acquire calls per round when the store does not answer (same owner each time)
 ACQUIRE_ROUNDS = 5  # acquire -> read -> acquire again, when the key changes under us
+_ASKS_BACKEND = (Event.FINISHED, Event.RAISED, Event.INTERRUPTED)  # when the key cannot be read
 
 
 class Run:
@@ -94,8 +95,7 @@ class Run:
         return self.resends.busy(LeaseHeld(self.key, None, None))
 
     def _ended_before(self, lease: Lease) -> bool:
-        """Whether this task id already ended FAILURE (its errback ran): asked of the result backend only
-        for a copy (redelivered, sent again by the fence) or a takeover, never on an ordinary run."""
+        """Whether this task id ended FAILURE before: asked of the backend by a copy or a takeover only."""
         return bool(lease.taken_over or self.attempt.copy) and self.host.outcome() in FAILED_STATES
 
     def _acquire(self, owner: str) -> tuple[Facts, Lease | None, float, FenceError | None]:
@@ -235,8 +235,8 @@ class Run:
         except StoreUnavailable as exc:
             log.warning("fence: could not read %s: %s", self.key, exc)
             self.state = None
-            # A finished key: the result backend still tells whether this task id was delivered already.
-            delivered = facts.event is Event.FINISHED and self.host.outcome() in ENDED_STATES
+            # A finished key, a failed body: the result backend still tells whether this task id ended.
+            delivered = facts.event in _ASKS_BACKEND and self.host.outcome() in ENDED_STATES
             return decide(replace(facts, read_failed=True, delivered=delivered))
         view = view_of(self.state, token, self.attempt.task_id, self.attempt.handoff)
         done = (View.SAME_TASK_DONE, View.MINE_DONE, View.OTHER_TASK_DONE)

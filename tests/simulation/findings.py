@@ -96,4 +96,10 @@ FINDINGS: dict[str, tuple[str, list[tuple[str, Any]]]] = {
         [("action", "duplicate"), ("body op", "nested"), ("nested delivery", _queued),
          ("acquire outcome", "late"), ("body op", "return"), ("body op", "raise"), END],
     ),
+    "N9 a stale run of a task id fails after its copy succeeded, the key unreadable": (
+        "memory",
+        [("action", "duplicate"), ("body op", "nested"), ("nested delivery", _queued),
+         ("acquire outcome", "late"), ("body op", "return"), ("body op", "raise"), ("get outcome", "before"),
+         END],
+    ),
 }

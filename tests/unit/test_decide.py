@@ -118,7 +118,7 @@ def test_the_bodys_own_endings_take_celerys_course() -> None:
     for facts in ALL:
         read = facts.view is not View.UNREAD or facts.read_failed
         if facts.event in BODY_ENDINGS and (facts.event not in FAILURES or read):
-            copy = facts.event in FAILURES and facts.view in COPY_OF_THIS_TASK
+            copy = facts.event in FAILURES and (facts.view in COPY_OF_THIS_TASK or facts.delivered)
             assert decide(facts) is (Action.ABSORB if copy else Action.FAIL), facts
         if decide(facts) is Action.FAIL:
             assert facts.event in BODY_ENDINGS | {Event.COMPLETE_INTERRUPTED}, facts
@@ -198,6 +198,7 @@ def test_a_copy_waits_a_ttl_for_a_finished_run_to_deliver_before_it_delivers_for
         (Facts(Event.RAISED), Action.READ),  # a FAILURE is decided once the key is read
         (Facts(Event.RAISED, View.MINE_HELD), Action.FAIL),
         (Facts(Event.RAISED, read_failed=True), Action.FAIL),  # unreadable: Celery's course
+        (Facts(Event.RAISED, read_failed=True, delivered=True), Action.ABSORB),  # a copy delivered it
         (Facts(Event.RAISED, View.SAME_TASK_DONE), Action.ABSORB),  # the soak's both branches
         (Facts(Event.INTERRUPTED, View.SAME_TASK), Action.ABSORB),
         (Facts(Event.RAISED, View.OTHER_TASK_DONE), Action.FAIL),  # another task id's ending is not ours
