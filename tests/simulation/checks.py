@@ -44,7 +44,7 @@ def _key(world: World, key: str) -> list[str]:
     if state is not None and not done and not dead and state.expires_in is not None:
         problems.append(f"{key}: a lease (token {state.token}) is left after settling: nobody recovers it")
     # The completion's token: an admin release of a done key moves its token on (still done, nobody fenced).
-    done_by = completes[0].token if completes else (state.token if done and state else None)
+    done_by = completes[0].token if completes else world.done_by.get(key, state.token if state else None)
     committed_by = rec.token_task.get(done_by) if done and done_by else None
     problems += _effects(world, key, done_by if done else None)
     for task_id in [t for t, k in rec.tasks.items() if k == key]:

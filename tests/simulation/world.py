@@ -106,6 +106,7 @@ class World:
         self.origin = ""  # who sends now: "recovery" during a recovery pass
         self.keys: list[int] = []
         self.pruned: dict[str, Any] = {}  # key -> its state before it was pruned
+        self.done_by: dict[str, int] = {}  # pruned key -> the token of its completion
         self.rec = Record()
         self._ids = 0
 
@@ -458,6 +459,8 @@ class World:
             state = self.raw.get(self.key_of(n))
             if state is not None and state.done:
                 self.pruned[self.key_of(n)] = state
+                completes = [e.token for e in self.raw.history(self.key_of(n)) if e.event == "complete"]
+                self.done_by[self.key_of(n)] = completes[0] if completes else state.token
         self.say(f"admin: celery fence prune -> {self.raw.prune(0.0)} (keys {sorted(self.pruned)})")
 
     def actor_acquire(self, key: str = "", owner: str = "") -> None:
