@@ -36,20 +36,14 @@ log = logging.getLogger(__name__)
 ACQUIRE_ATTEMPTS = 3  # acquire calls per round when the store does not answer (same owner each time)
 ACQUIRE_ROUNDS = 5  # acquire -> read -> acquire again, when the key changes under us
 _ASKS_BACKEND = (Event.FINISHED, Event.RAISED, Event.INTERRUPTED)  # when the key cannot be read
+_DONE = (View.SAME_TASK_DONE, View.MINE_DONE, View.OTHER_TASK_DONE)
 
 
 class Run:
     """One delivery of a fenced task: acquire, run, complete, and say how it ends."""
 
-    def __init__(
-        self,
-        host: RunHost,
-        runtime: FenceRuntime,
-        config: FenceConfig,
-        key: str,
-        run_info: Any,
-        attempt: Attempt,
-    ) -> None:
+    def __init__(self, host: RunHost, runtime: FenceRuntime, config: FenceConfig, key: str, run_info: Any,
+                 attempt: Attempt) -> None:
         self.host, self.runtime, self.config, self.policy = host, runtime, config, config.policy
         self.store = runtime.store
         self.key, self.run_info, self.attempt = key, run_info, attempt
@@ -239,8 +233,8 @@ class Run:
             delivered = facts.event in _ASKS_BACKEND and self.host.outcome() in ENDED_STATES
             return decide(replace(facts, read_failed=True, delivered=delivered))
         view = view_of(self.state, token, self.attempt.task_id, self.attempt.handoff)
-        done = (View.SAME_TASK_DONE, View.MINE_DONE, View.OTHER_TASK_DONE)
-        outcome = self.host.outcome() if view in done and facts.event is Event.FINISHED else "unasked"
+        asks = view is View.OTHER_TASK_DONE or (view in _DONE and facts.event is Event.FINISHED)
+        outcome = self.host.outcome() if asks else "unasked"
         # Nothing to wait for when nothing can tell (eager, no result backend), or waited already.
         awaited = outcome is None or (self.state is not None and self.state.token == self.attempt.awaited)
         return decide(replace(facts, view=view, delivered=outcome in ENDED_STATES, awaited=awaited))

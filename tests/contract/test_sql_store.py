@@ -25,6 +25,7 @@ from celery_fence import (
 from celery_fence.fence import Fence
 from celery_fence.stores.sql import SQLStore
 from celery_fence.stores.sql.engine import SessionLimits
+from celery_fence.testing import wait_for
 
 from .harness import HARNESSES
 from .racing import race
@@ -377,8 +378,12 @@ def _end_session(store: SQLStore, pid: int | None = None) -> None:
         with store.engine.connect() as conn:  # checked out and back: the pool's idle connection
             pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
     admin = SQLStore(store.url.split("?")[0])
-    with admin.engine.begin() as conn:
+    with admin.autocommit_engine.connect() as conn:
         assert conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
+        # Until it has exited, and so said goodbye on its socket: pg_terminate_backend only signals it (CI
+        # once found the session still quiet on checkout, and the statement met the goodbye instead).
+        alive = text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p")
+        wait_for(lambda: not conn.execute(alive, {"p": pid}).scalar(), what=f"session {pid} to exit")
     admin.close()
 
 

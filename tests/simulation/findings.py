@@ -13,6 +13,17 @@ def _queued(option: Any) -> bool:
     return option != "new"  # a nested delivery of a message already queued
 
 
+def _nth_queued(n: int) -> Any:
+    """The n-th message in the queue (a nested delivery's options are "new", then each queued serial)."""
+    seen = [0]
+
+    def match(option: Any) -> bool:
+        seen[0] = 0 if option == "new" else seen[0] + 1
+        return seen[0] == n and option != "new"
+
+    return match
+
+
 def _task(suffix: str) -> Any:
     return lambda option: getattr(option, "id", "").endswith(suffix)
 
@@ -101,5 +112,12 @@ FINDINGS: dict[str, tuple[str, list[tuple[str, Any]]]] = {
         [("action", "duplicate"), ("body op", "nested"), ("nested delivery", _queued),
          ("acquire outcome", "late"), ("body op", "return"), ("body op", "raise"), ("get outcome", "before"),
          END],
+    ),
+    "N10 two stale copies of a task id, each refused, each returned the winner's result": (
+        "memory",
+        [("action", "send_new"), ("action", "duplicate"), ("message", _task("t2")), ("body op", "expire"),
+         ("body op", "nested"), ("nested delivery", _nth_queued(2)), ("body op", "expire"),
+         ("body op", "nested"), ("nested delivery", _nth_queued(1)),
+         ("body op", "return"), ("body op", "return"), ("body op", "return"), END],
     ),
 }

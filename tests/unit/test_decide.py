@@ -202,6 +202,10 @@ def test_a_copy_waits_a_ttl_for_a_finished_run_to_deliver_before_it_delivers_for
         (Facts(Event.RAISED, View.SAME_TASK_DONE), Action.ABSORB),  # the soak's both branches
         (Facts(Event.INTERRUPTED, View.SAME_TASK), Action.ABSORB),
         (Facts(Event.RAISED, View.OTHER_TASK_DONE), Action.FAIL),  # another task id's ending is not ours
+        (Facts(Event.COMPLETE_REFUSED, View.OTHER_TASK_DONE), Action.REFUSE_WINNER),
+        # ... once: a copy of this task id returned the winner's result already (its link fired)
+        (Facts(Event.COMPLETE_REFUSED, View.OTHER_TASK_DONE, delivered=True), Action.REFUSE_IGNORE),
+        (Facts(Event.REFUSED, View.OTHER_TASK_DONE, delivered=True), Action.REFUSE_IGNORE),
         (Facts(Event.RETURNED_BLOCK_UNDONE), Action.COMPLETE),  # issue 25, finding 1
         (Facts(Event.RETURNED_WORK_LOST), Action.REQUEUE),
         (Facts(Event.COMPLETE_INTERRUPTED, View.MINE_DONE), Action.RETURN_STORED),  # finding 2
