@@ -296,6 +296,41 @@ def test_a_failure_whose_key_another_task_id_took_is_still_this_task_ids_failure
     assert ending.kind is Kind.RAISE and isinstance(ending.error, ValueError)
 
 
+def test_an_acquire_that_fails_twice_is_tried_a_third_time(world: World) -> None:
+    world.store.faults = [Fault(Outcome.BEFORE, method="acquire", nth=n) for n in (1, 2)]
+    assert world.run(Host(lambda fence: "v")) == Ending.returning("v")
+
+
+def test_what_the_store_raises_outside_its_errors_reaches_the_caller_unchanged(world: World) -> None:
+    class Broken(IndeterminateStore):
+        def acquire(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("a bug in a store")
+
+    world.runtime._store = Broken(world.memory)  # type: ignore[assignment]
+    with pytest.raises(RuntimeError, match="a bug in a store"):
+        world.run(Host(lambda fence: "v"))
+
+
+def _unknown_completion(world: World) -> None:
+    world.store.faults = [
+        Fault(Outcome.LOST, method="complete"), Fault(Outcome.BEFORE, method="get", rate=1.0)
+    ]
+
+
+def test_an_eager_completion_of_unknown_outcome_raises_store_unavailable_not_the_cause(world: World) -> None:
+    _unknown_completion(world)
+    ending = world.run(Host(lambda fence: "v"), eager=True)
+    assert ending.kind is Kind.RAISE and isinstance(ending.error, StoreUnavailable)
+    assert "may have committed" in str(ending.error)
+
+
+def test_a_completion_of_unknown_outcome_at_the_last_resend_is_never_failure(world: World) -> None:
+    _unknown_completion(world)
+    ending = world.run(Host(lambda fence: "v"), resends=20)
+    assert ending.kind is Kind.IGNORE and ending.record is not None
+    assert "gave up after 20 re-sends by the fence (completion)" in ending.record.reason
+
+
 class InterruptedOnRelease(Host):
     """A time limit lands in the run's last step, once its ending is decided."""
 
