@@ -181,7 +181,7 @@ def _completion(facts: Facts) -> Action:
         if facts.joined or facts.deadline_passed:
             return Action.REQUEUE
         return Action.CALL_AGAIN
-    return _by_holder(facts)  # mine done: committed, only the reply was lost (RETURN_STORED)
+    return _refused(facts)  # mine done: committed, only the reply was lost (RETURN_STORED)
 
 
 def _interrupted(facts: Facts) -> Action:
@@ -190,7 +190,7 @@ def _interrupted(facts: Facts) -> Action:
         return Action.FAIL  # not committed: the interruption is how this run ended
     # Mine done: committed, SUCCESS whatever interrupted the reply (RETURN_STORED); unreadable: it may have
     # committed, so never FAILURE, the copy finds out (REQUEUE); anyone else's: as any refusal.
-    return _by_holder(facts)
+    return _refused(facts)
 
 
 def _failed(facts: Facts) -> Action:
@@ -204,10 +204,6 @@ def _failed(facts: Facts) -> Action:
 
 
 def _refused(facts: Facts) -> Action:
-    return _by_holder(facts)
-
-
-def _by_holder(facts: Facts) -> Action:
     """A refused run ends by who has the key now; another task id's finished key gives its result, unless
     this task id's ending is stored already (a copy of it returned that result: its link fired once)."""
     if facts.view is View.OTHER_TASK_DONE and facts.delivered:
