@@ -372,7 +372,7 @@ def test_a_refusal_by_the_resource_itself_is_written_to_the_history_once(world: 
     host = Host(body)
     ending = world.run(host)
     assert ending.kind is Kind.RAISE and isinstance(ending.error, LeaseHeld)
-    assert ending.error.expires_in == TTL and "t-2" in str(ending.error.owner)
+    assert ending.error.key == "k" and ending.error.expires_in == TTL and "t-2" in str(ending.error.owner)
     refused = [e for e in world.memory.history("k") if e.event == "refused"]
     assert [(e.token, e.detail) for e in refused] == [(1, "update of fence_accounts")]
     assert [(what, token) for what, token, _ in host.told] == [("refused", 1)]
@@ -396,6 +396,32 @@ def test_a_refusal_nobody_took_over_is_sent_again_then_given_up_naming_why(world
     ending = world.run(Host(body), resends=20)
     assert ending.kind is Kind.RAISE and isinstance(ending.error, GaveUp)
     assert "step send refused" in str(ending.error)
+
+
+def test_an_eager_refusal_nobody_took_over_raises_the_refusal_to_its_caller(world: World) -> None:
+    """``apply()`` has no queue to send the run to again: its caller gets the refusal itself."""
+    refusal = StaleToken("k", 1, None, "step send")
+
+    def body(fence: Fence) -> None:
+        world.memory.force_release("k")
+        raise refusal
+
+    ending = world.run(Host(body), eager=True)
+    assert ending.kind is Kind.RAISE and ending.error is refusal
+
+
+def test_a_refusal_whose_key_cannot_be_read_is_sent_again_at_once(world: World) -> None:
+    """Refused, and the read that would say by whom fails: a copy finds out, sent at once, the lease
+    handed to it, without reporting a refusal nobody could confirm."""
+
+    def body(fence: Fence) -> None:
+        world.store.faults = [Fault(Outcome.BEFORE, method="get", rate=1.0)]
+        raise StaleToken("k", fence.token, None, "step send")
+
+    host = Host(body)
+    ending = world.run(host)
+    assert ending.kind is Kind.SEND_AGAIN and ending.countdown == 0.0 and ending.hand_back is not None
+    assert ending.headers == {"fence_resends": 1} and host.reports == []
 
 
 def test_a_step_does_not_start_once_the_lease_is_known_lost(world: World) -> None:
