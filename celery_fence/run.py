@@ -177,7 +177,7 @@ class Run:
         elif not exc.recorded:  # refused by the resource itself (fenced_update): put it in the history too
             quietly(self.store.refuse, fence.lease, exc.what)
         action = self._decide(Facts(Event.REFUSED), token=fence.token)
-        return self._end(action, fence, None, 0.0, reason=str(exc), cause=exc)
+        return self._end(action, fence, None, reason=str(exc), cause=exc)
 
     # -- completion --
 
@@ -267,12 +267,12 @@ class Run:
         if action is Action.REFUSE_REQUEUE:
             fence.abort()
             return self.resends.resend(fence.lease, 0.0, cause, reason or "refused, nobody took over", False)
-        if action is Action.REFUSE_WINNER:
-            return Ending.returning(None if self.state is None else self.state.result)
-        assert action is Action.REFUSE_SUPERSEDED, action
         state = self.state
-        return Ending.raising(LeaseHeld(fence.key, holder_of(state) if state else None,
-                                        state.expires_in if state else None))
+        assert state is not None, action  # the winner and the superseding run are known by a read of the key
+        if action is Action.REFUSE_WINNER:
+            return Ending.returning(state.result)
+        assert action is Action.REFUSE_SUPERSEDED, action
+        return Ending.raising(LeaseHeld(fence.key, holder_of(state), state.expires_in))
 
     def _released(self, ending: Ending, lease: Lease) -> Ending:
         """Give the lease back now; a release that does not reach the store is owed (written once the store

@@ -35,6 +35,7 @@ class Host:
         self._body, self._outcome = body, outcome
         self.fence: Fence | None = None
         self.bodies = 0
+        self.released_fences = 0
         self.reports: list[tuple[str, str]] = []
         self.told: list[tuple[str, int, dict[str, Any]]] = []  # what was reported, with token and fields
 
@@ -50,7 +51,9 @@ class Host:
         self.fence = fence
 
     def released(self, fence: Fence) -> None:
+        assert fence is self.fence
         self.fence = None
+        self.released_fences += 1
 
     def report(self, what: str, key: str, token: int, **fields: Any) -> None:
         self.reports.append((what, key))
@@ -449,3 +452,76 @@ def test_the_renewer_reports_a_lost_lease_to_the_host(world: World) -> None:
     ending = world.run(host)
     assert host.reports == [("lost", "k"), ("refused", "k")]
     assert ending.kind is Kind.SEND_AGAIN
+
+
+def test_a_key_that_keeps_changing_under_the_run_is_acquired_five_rounds_then_busy(world: World) -> None:
+    """Each acquire meets a lease that is gone by the time the run reads the key (released, finished or
+    pruned in between): the run acquires again, five rounds, pausing a little longer each time, then treats
+    the key as busy without naming a holder it never saw."""
+    acquires: list[float] = []
+
+    class Changing(IndeterminateStore):
+        def acquire(self, key: str, *args: Any, **kwargs: Any) -> Any:
+            acquires.append(world.clock())
+            raise LeaseHeld(key, "a run that is gone by the read", TTL)
+
+        def get(self, key: str) -> Any:
+            return None
+
+    world.runtime._store = Changing(world.memory)  # type: ignore[assignment]
+    host = Host(lambda fence: "never")
+    ending = world.run(host)
+    assert len(acquires) == 5 and host.bodies == 0
+    assert world.slept == pytest.approx([0.05, 0.10, 0.15, 0.20, 0.25])
+    assert ending.kind is Kind.SEND_AGAIN and isinstance(ending.error, LeaseHeld)
+    assert ending.error.key == "k" and ending.error.owner is None
+
+
+def test_a_step_past_the_leases_local_deadline_is_refused_on_the_runs_clock(world: World) -> None:
+    """No renew got through for a ttl (the run's clock says so, not the wall's): the next step is refused
+    before the store sees it, and the run, refused with nobody holding the key, is sent again."""
+    called: list[str] = []
+
+    def body(fence: Fence) -> Any:
+        world.clock.advance(TTL + 1)  # the renewer never ran: the local deadline passed
+        return fence.step("send", lambda: called.append("sent"))
+
+    host = Host(body)
+    ending = world.run(host)
+    assert called == [] and ending.kind is Kind.SEND_AGAIN
+    assert [what for what, _, _ in host.told] == ["refused"]
+    assert "local deadline" in host.told[0][2]["reason"]
+
+
+@pytest.mark.parametrize("exit_", ["returned", "raised", "refused", "interrupted"])
+def test_every_exit_lets_go_of_the_fence(world: World, exit_: str) -> None:
+    """Whatever the body did, and even when a time limit lands in the last step, the renewer stops renewing
+    the run's lease and the host hears, once, that the fence is let go."""
+
+    def body(fence: Fence) -> str:
+        if exit_ == "raised":
+            raise ValueError("no")
+        if exit_ == "refused":
+            world.memory.force_release("k")
+            fence.check()
+        return "v"
+
+    host = InterruptedOnRelease(body) if exit_ == "interrupted" else Host(body)
+    world.run(host)
+    assert host.released_fences == 1 and host.fence is None
+    assert world.runtime.renewer._leases == {}
+
+
+def test_a_system_exit_in_the_completion_goes_on_up_once_the_fence_is_let_go(world: World) -> None:
+    """The process is going (SystemExit while the completion's reply is due): the run raises it as it is,
+    having stopped renewing and let its fence go; the store tells the rest to whoever comes next."""
+
+    class Exiting(IndeterminateStore):
+        def complete(self, lease: Any, result: Any) -> None:
+            raise SystemExit(1)
+
+    world.runtime._store = Exiting(world.memory)  # type: ignore[assignment]
+    host = Host(lambda fence: "v")
+    with pytest.raises(SystemExit):
+        world.run(host)
+    assert host.released_fences == 1 and world.runtime.renewer._leases == {}
