@@ -243,8 +243,9 @@ class Run:
              cause: BaseException | None = None) -> Ending:
         if action is Action.SUCCEED:
             return Ending.returning(result)
-        if action is Action.RETURN_STORED:
-            return Ending.returning(result if self.state is None else self.state.result)
+        if action is Action.RETURN_STORED:  # a read found the key finished with this run's own token
+            assert self.state is not None, action
+            return Ending.returning(self.state.result)
         assert fence is not None, action
         if action is Action.ABSORB:  # a stale run: a copy of this task id has the key and its ending
             log.warning("fence: %s failed, but a copy of it has %s: its ending stands", self.name, self.key)

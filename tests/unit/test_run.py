@@ -41,6 +41,7 @@ class Host:
 
     def body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.bodies += 1
+        self.called_with = (args, kwargs)
         assert self.fence is not None
         return self._body(self.fence)
 
@@ -77,9 +78,10 @@ class World:
         self.slept.append(seconds)
         self.clock.advance(seconds)
 
-    def run(self, host: Host, task_id: str = "t-1", **attempt: Any) -> Ending:
+    def run(self, host: Host, task_id: str = "t-1", args: tuple[Any, ...] = (),
+            kwargs: dict[str, Any] | None = None, **attempt: Any) -> Ending:
         run = Run(host, self.runtime, self.runtime.config, "k", {"id": task_id}, Attempt(task_id, **attempt))
-        return run.execute((), {})
+        return run.execute(args, kwargs or {})
 
 
 @pytest.fixture
@@ -525,3 +527,67 @@ def test_a_system_exit_in_the_completion_goes_on_up_once_the_fence_is_let_go(wor
     with pytest.raises(SystemExit):
         world.run(host)
     assert host.released_fences == 1 and world.runtime.renewer._leases == {}
+
+
+@pytest.mark.parametrize("interrupt", [False, True])
+def test_the_body_gets_the_tasks_arguments(interrupt: bool) -> None:
+    world = World(fence_interrupt=interrupt)
+    host = Host(lambda fence: "v")
+    assert world.run(host, args=(1, 2), kwargs={"x": 3}) == Ending.returning("v")
+    assert host.called_with == ((1, 2), {"x": 3})
+
+
+def test_a_run_whose_transaction_was_lost_with_earlier_blocks_is_sent_again_after_a_renew_interval(
+    world: World,
+) -> None:
+    """The body caught the failure of a second ``transaction()`` block whose connection was lost: the
+    earlier blocks' writes went with it, so completing would commit half a run. Nothing is completed; a copy
+    runs it whole, after a renew interval, the lease handed to it (a SQL store's run transaction; here its
+    state alone, as the SQL store leaves it)."""
+
+    def body(fence: Fence) -> str:
+        fence._run_tx = SimpleNamespace(open=False, lost_work=True, close=lambda: None)
+        return "half"
+
+    ending = world.run(Host(body))
+    assert ending.kind is Kind.SEND_AGAIN and ending.countdown == TTL / 3 and ending.hand_back is not None
+    state = world.memory.get("k")
+    assert state is not None and not state.done
+    eager = World().run(Host(body), eager=True)  # apply(): its caller is told why
+    assert isinstance(eager.error, StoreUnavailable) and "lost with earlier writes" in str(eager.error)
+
+
+def test_a_completion_the_store_refuses_while_the_key_is_still_the_runs_is_a_refusal(world: World) -> None:
+    """The store refuses the completion (StaleToken: it did not act, e.g. it judged the lease expired) and
+    the key still shows the run's token: a refusal, reported and sent again once, not an unknown outcome
+    that would call the completion again."""
+    completes: list[int] = []
+
+    class Refusing(IndeterminateStore):
+        def complete(self, lease: Any, result: Any) -> None:
+            completes.append(lease.token)
+            raise StaleToken(lease.key, lease.token, None, "complete")
+
+    world.runtime._store = Refusing(world.memory)  # type: ignore[assignment]
+    host = Host(lambda fence: "v")
+    ending = world.run(host)
+    assert ending.kind is Kind.SEND_AGAIN and ending.countdown == 0.0 and completes == [1]
+    assert [what for what, _, _ in host.told] == ["refused"]
+
+
+def test_an_interrupt_after_the_completion_answered_still_returns_the_result(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A time limit lands as the run returns from its completed attempt (a signal handler's exception lands
+    at any bytecode): the completion committed, so the run returns its result, having let go of its fence."""
+    attempt = Run._attempt
+
+    def interrupted(self: Run, *args: Any) -> Ending:
+        attempt(self, *args)
+        raise SoftTimeLimitExceeded("right after the completion answered")
+
+    monkeypatch.setattr(Run, "_attempt", interrupted)
+    host = Host(lambda fence: "v")
+    assert world.run(host) == Ending.returning("v")
+    state = world.memory.get("k")
+    assert state is not None and state.done and host.released_fences == 1
