@@ -591,3 +591,70 @@ def test_an_interrupt_after_the_completion_answered_still_returns_the_result(
     assert world.run(host) == Ending.returning("v")
     state = world.memory.get("k")
     assert state is not None and state.done and host.released_fences == 1
+
+
+class Counting(Host):
+    """A host that counts how often the run asks the result backend."""
+
+    asked = 0
+
+    def outcome(self) -> str | None:
+        self.asked += 1
+        return super().outcome()
+
+
+def test_the_result_backend_is_asked_only_on_the_slow_paths() -> None:
+    """A run that returns, fails on its own key, or is refused by a run of another task id that still holds
+    the key never reads the result backend (DESIGN.md §3: only copies, takeovers and finished keys do)."""
+
+    def refused(world: World) -> Callable[[Fence], Any]:
+        def body(fence: Fence) -> None:
+            _taken_over(world)
+            fence.check()
+
+        return body
+
+    bodies: dict[str, Callable[[World], Callable[[Fence], Any]]] = {
+        "returned": lambda world: lambda fence: "v",
+        "raised": lambda world: lambda fence: 1 / 0,
+        "superseded": refused,
+    }
+    for what, body in bodies.items():
+        world = World()
+        host = Counting(body(world))
+        ending = world.run(host)
+        assert ending.kind is (Kind.RETURN if what == "returned" else Kind.RAISE), what
+        assert host.asked == 0, what
+
+
+@pytest.mark.parametrize("ended", [True, False])
+def test_a_failure_whose_key_cannot_be_read_asks_the_backend_whether_its_task_id_ended(
+    world: World, ended: str
+) -> None:
+    """The body raised and the read that would say who has the key fails: if the result backend holds this
+    task id's ending (a copy of it delivered), the failure is absorbed; else it is this run's FAILURE."""
+
+    def body(fence: Fence) -> None:
+        world.store.faults = [Fault(Outcome.BEFORE, method="get", rate=1.0)]
+        raise ValueError("failed")
+
+    ending = world.run(Host(body, outcome="SUCCESS" if ended else None))
+    if ended:
+        assert ending.kind is Kind.IGNORE and ending.error is None
+    else:
+        assert ending.kind is Kind.RAISE and isinstance(ending.error, ValueError)
+
+
+@pytest.mark.parametrize("ended", [True, False])
+def test_a_finished_key_that_cannot_be_read_asks_the_backend_whether_its_task_id_ended(
+    world: World, ended: str
+) -> None:
+    """The acquire says the key is done and the read fails: a task id whose ending is stored ends quietly
+    (its link fired once already); else the run returns what the acquire said the key stored."""
+    lease = world.memory.acquire("k", "the-first-run", TTL, {"id": "t-1"})
+    world.memory.complete(lease, "stored")
+    world.store.faults = [Fault(Outcome.BEFORE, method="get", rate=1.0)]
+    host = Host(lambda fence: "never", outcome="SUCCESS" if ended else None)
+    ending = world.run(host)
+    assert host.bodies == 0
+    assert ending == (Ending.ignoring() if ended else Ending.returning("stored"))
