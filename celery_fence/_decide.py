@@ -22,7 +22,7 @@ from typing import Any
 
 from .lease import LeaseState
 
-__all__ = ["Action", "Event", "Facts", "View", "decide", "holder_of", "view_of"]
+__all__ = ["Action", "Event", "Facts", "View", "asks_backend", "decide", "holder_of", "view_of"]
 
 
 class Event(enum.Enum):
@@ -219,6 +219,20 @@ _AFTER_READ = {
     Event.REFUSED: _refused,
     Event.COMPLETE_INTERRUPTED: _interrupted,
 }
+
+
+_FAILED = (Event.RAISED, Event.INTERRUPTED)
+_MINE_OR_A_COPYS = (View.MINE_DONE, View.MINE_HELD, View.MINE_FREE, View.SAME_TASK, View.SAME_TASK_DONE)
+
+
+def asks_backend(event: Event, view: View) -> bool:
+    """Whether deciding ``event`` on ``view`` needs the result backend's word (``Facts.delivered``: this
+    task id's ending is stored). Only the slow paths ask, so a plain run never reads the backend."""
+    if event in _FAILED:  # a failure on a key no longer this run's nor a copy's (moved on, or unreadable):
+        return view not in _MINE_OR_A_COPYS  # did a copy of this task id end it already?
+    if event is Event.FINISHED:  # a finished key (or unreadable): delivered yet, by whom?
+        return view in (View.UNREAD, View.SAME_TASK_DONE, View.MINE_DONE, View.OTHER_TASK_DONE)
+    return view is View.OTHER_TASK_DONE  # refused by a winner: did this task id return its result already?
 
 
 def view_of(

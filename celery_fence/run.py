@@ -15,7 +15,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from ._decide import Action, Event, Facts, View, decide, holder_of, view_of
+from ._decide import Action, Event, Facts, View, asks_backend, decide, holder_of, view_of
 from ._ending import Ending
 from ._failpoints import failpoint
 from ._headers import Attempt, run_name
@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 
 ACQUIRE_ATTEMPTS = 3  # acquire calls per round when the store does not answer (same owner each time)
 ACQUIRE_ROUNDS = 5  # acquire -> read -> acquire again, when the key changes under us
-_ASKS_BACKEND = (Event.FINISHED, Event.RAISED, Event.INTERRUPTED)  # when the key cannot be read
-_DONE = (View.SAME_TASK_DONE, View.MINE_DONE, View.OTHER_TASK_DONE)
 
 
 class Run:
@@ -230,11 +228,10 @@ class Run:
             log.warning("fence: could not read %s: %s", self.key, exc)
             self.state = None
             # A finished key, a failed body: the result backend still tells whether this task id ended.
-            delivered = facts.event in _ASKS_BACKEND and self.host.outcome() in ENDED_STATES
+            delivered = asks_backend(facts.event, View.UNREAD) and self.host.outcome() in ENDED_STATES
             return decide(replace(facts, read_failed=True, delivered=delivered))
         view = view_of(self.state, token, self.attempt.task_id, self.attempt.handoff)
-        asks = view is View.OTHER_TASK_DONE or (view in _DONE and facts.event is Event.FINISHED)
-        outcome = self.host.outcome() if asks else "unasked"
+        outcome = self.host.outcome() if asks_backend(facts.event, view) else "unasked"
         # Nothing to wait for when nothing can tell (eager, no result backend), or waited already.
         awaited = outcome is None or (self.state is not None and self.state.token == self.attempt.awaited)
         return decide(replace(facts, view=view, delivered=outcome in ENDED_STATES, awaited=awaited))

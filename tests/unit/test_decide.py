@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from celery_fence._decide import Action, Event, Facts, View, decide, view_of
+from celery_fence._decide import Action, Event, Facts, View, asks_backend, decide, view_of
 from celery_fence.lease import LeaseState
 
 # After the body: the events whose meaning depends on the key's state (BODY_UNKNOWN never does: nothing of a
@@ -242,3 +242,17 @@ def state(token: int, *, done: bool = False, held: bool = True, task: str | None
 )
 def test_view_of(seen: LeaseState | None, view: View) -> None:
     assert view_of(seen, token=5, task_id="t", handoff=4) is view
+
+
+def test_only_the_slow_paths_ask_the_result_backend() -> None:
+    """The backend is read for a finished key (or one that cannot be read), a refusal by a winner of
+    another task id, and a failure on a key that is no longer this run's nor a copy's; never on a plain
+    run."""
+    failed_elsewhere = {
+        View.UNREAD, View.GONE, View.HANDED_OFF, View.OTHER_TASK, View.OTHER_TASK_DONE, View.FREE
+    }
+    expected = {(event, view) for event in (Event.RAISED, Event.INTERRUPTED) for view in failed_elsewhere}
+    expected |= {(Event.FINISHED, view) for view in
+                 (View.UNREAD, View.SAME_TASK_DONE, View.MINE_DONE, View.OTHER_TASK_DONE)}
+    expected |= {(event, View.OTHER_TASK_DONE) for event in Event}
+    assert {(event, view) for event in Event for view in View if asks_backend(event, view)} == expected

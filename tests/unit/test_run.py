@@ -658,3 +658,26 @@ def test_a_finished_key_that_cannot_be_read_asks_the_backend_whether_its_task_id
     ending = world.run(host)
     assert host.bodies == 0
     assert ending == (Ending.ignoring() if ended else Ending.returning("stored"))
+
+
+@pytest.mark.parametrize("then", ["pruned", "taken by another task id"])
+def test_a_stale_runs_failure_after_its_copy_delivered_and_the_key_moved_on_is_absorbed(
+    world: World, then: str
+) -> None:
+    """A copy of this task id took the lapsed key over, finished it and stored SUCCESS (its link fired); the
+    key was then pruned, or pruned and taken by another task id. The stale run's body now raises: the key
+    no longer names the copy, but the result backend holds this task id's ending, and a FAILURE over it
+    would fire the errback after the link."""
+
+    def body(fence: Fence) -> None:
+        world.clock.advance(TTL + 1)
+        copy = world.memory.acquire("k", "the-copy", TTL, {"id": "t-1"})
+        world.memory.complete(copy, "the copy's result")
+        world.memory.prune(older_than=0.0)
+        if then != "pruned":
+            world.memory.acquire("k", "another-task-id", TTL, {"id": "t-2"})
+        raise ValueError("the stale run's body failed")
+
+    host = Counting(body, outcome="SUCCESS")
+    ending = world.run(host)
+    assert ending.kind is Kind.IGNORE and ending.failure is None and host.asked == 1
