@@ -681,3 +681,17 @@ def test_a_stale_runs_failure_after_its_copy_delivered_and_the_key_moved_on_is_a
     host = Counting(body, outcome="SUCCESS")
     ending = world.run(host)
     assert ending.kind is Kind.IGNORE and ending.failure is None and host.asked == 1
+
+
+def test_a_copy_of_a_finished_run_not_delivered_yet_waits_once_then_delivers_for_it(world: World) -> None:
+    """The key is done by another run of this task id, whose SUCCESS the backend does not hold yet (it may be
+    storing it now): the copy looks again after a ttl, naming the token it waited for; if that token still
+    has not delivered, the copy delivers its result."""
+    lease = world.memory.acquire("k", "the-run-that-committed", TTL, {"id": "t-1"})
+    world.memory.complete(lease, "stored")
+    host = Host(lambda fence: "never", outcome="STARTED")
+    first = world.run(host)
+    assert first.kind is Kind.SEND_AGAIN and first.headers.get("fence_awaited") == lease.token
+    assert first.countdown == TTL
+    assert world.run(host, awaited=lease.token) == Ending.returning("stored")
+    assert host.bodies == 0
