@@ -96,7 +96,7 @@ class Facts:
     view: View = View.UNREAD
     joined: bool = False  # the run's writes were in its transaction: an uncommitted completion undid them
     delivered: bool = False  # the result backend already has this task id's ending (SUCCESS, FAILURE)
-    deadline_passed: bool = False  # the run's local deadline passed: stop calling the store again
+    deadline_passed: bool = False  # the run's local deadline passed (the lease may have been taken over)
     read_failed: bool = False  # the store did not answer the read of the key
     awaited: bool = False  # no use waiting for delivery: waited a ttl already (its header), or nothing tells
 
@@ -200,7 +200,9 @@ def _failed(facts: Facts) -> Action:
     its ending was delivered already."""
     if facts.view in (View.SAME_TASK, View.SAME_TASK_DONE) or facts.delivered:
         return Action.ABSORB
-    return Action.FAIL  # ours, another task id's, free, or unreadable
+    if facts.view is View.UNREAD and facts.deadline_passed:  # the lease lapsed: a copy of this task id may
+        return Action.REQUEUE  # have taken it over and committed; a copy finds out, no FAILURE beside it
+    return Action.FAIL  # ours, another task id's, free, or unreadable while the lease was surely ours
 
 
 def _refused(facts: Facts) -> Action:

@@ -113,6 +113,12 @@ FINDINGS: dict[str, tuple[str, list[tuple[str, Any]]]] = {
          ("acquire outcome", "late"), ("body op", "return"), ("body op", "raise"), ("get outcome", "before"),
          END],
     ),
+    "N11 a stale run fails, its key unreadable, after its copy's completion committed unconfirmed": (
+        "memory",
+        [("action", "duplicate"), ("body op", "expire"), ("body op", "nested"), ("nested delivery", _queued),
+         ("body op", "return"), ("complete outcome", "late"), ("get outcome", "before"),
+         ("body op", "soft_limit"), ("get outcome", "before"), END],
+    ),
     "N10 two stale copies of a task id, each refused, each returned the winner's result": (
         "memory",
         [("action", "send_new"), ("action", "duplicate"), ("message", _task("t2")), ("body op", "expire"),

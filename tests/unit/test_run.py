@@ -695,3 +695,17 @@ def test_a_copy_of_a_finished_run_not_delivered_yet_waits_once_then_delivers_for
     assert first.countdown == TTL
     assert world.run(host, awaited=lease.token) == Ending.returning("stored")
     assert host.bodies == 0
+
+
+def test_a_failure_on_a_lapsed_lease_whose_key_cannot_be_read_is_sent_again_not_failed(world: World) -> None:
+    """The body raised after its lease lapsed (a copy of this task id may have taken the key over and
+    committed) and the key cannot be read: a FAILURE now could come beside that copy's SUCCESS, so a copy is
+    sent to find out (it delivers the stored result, or takes the key back and runs). The simulation's N11."""
+
+    def body(fence: Fence) -> None:
+        world.clock.advance(TTL + 1)  # no renew got through
+        world.store.faults = [Fault(Outcome.BEFORE, method="get", rate=1.0)]
+        raise ValueError("the stale run's body failed")
+
+    ending = world.run(Host(body))
+    assert ending.kind is Kind.SEND_AGAIN and ending.hand_back is not None and ending.failure is None
