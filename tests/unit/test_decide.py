@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from celery_fence._decide import Action, Event, Facts, View, asks_backend, decide, view_of
+from celery_fence._decide import Action, Event, Facts, View, asks_backend, decide, holder_of, view_of
 from celery_fence.lease import LeaseState
 
 # After the body: the events whose meaning depends on the key's state (BODY_UNKNOWN never does: nothing of a
@@ -259,3 +259,9 @@ def test_only_the_slow_paths_ask_the_result_backend() -> None:
                  (View.UNREAD, View.SAME_TASK_DONE, View.MINE_DONE, View.OTHER_TASK_DONE)}
     expected |= {(event, View.OTHER_TASK_DONE) for event in Event}
     assert {(event, view) for event in Event for view in View if asks_backend(event, view)} == expected
+
+
+def test_the_holder_is_named_by_its_owner_and_its_task_id_when_recorded() -> None:
+    held = LeaseState("k", 3, "host:1:abc-1", 12.0, False, run={"id": "t-9"})
+    assert holder_of(held) == "host:1:abc-1 (task t-9)"
+    assert holder_of(LeaseState("k", 3, "host:1:abc-1", 12.0, False)) == "host:1:abc-1"
