@@ -147,7 +147,7 @@ def test_the_fences_resends_are_bounded_and_giving_up_leaves_a_record(world: Wor
         return "late"
 
     ending = world.run(Host(body), resends=20)
-    assert ending.kind is Kind.RAISE and isinstance(ending.error, GaveUp)
+    assert ending.kind is Kind.RAISE and isinstance(ending.error, GaveUp) and ending.error.key == "k"
     assert ending.record is not None and "gave up after 20 re-sends" in ending.record.reason
 
 
@@ -169,6 +169,8 @@ def test_an_outage_at_acquire_is_waited_out_then_given_up_with_a_record(world: W
     assert world.slept and sum(world.slept) < TTL  # the acquire's own retries, on the fake clock
     late = world.run(Host(lambda fence: "never"), waiting_since=world.clock() - 601.0, waits=5)
     assert late.kind is Kind.RAISE and isinstance(late.error, StoreUnavailable) and late.record is not None
+    assert "gave up waiting out the unavailable store (" in late.record.reason
+    assert late.record.reason.endswith("s, fence_store_wait 600s)")
 
 
 def test_a_copy_of_a_task_id_that_ended_failure_is_not_run(world: World) -> None:
@@ -193,6 +195,7 @@ def test_a_late_copy_of_an_ended_task_id_leaves_its_ending_alone(world: World, e
     late = world.run(host, waiting_since=world.clock() - 601.0, waits=5)
     assert late.kind is Kind.IGNORE and late.error is None and late.record is None
     assert host.bodies == 0 and host.reports.count(("duplicate", "k")) == 2
+    assert [(token, fields["reason"]) for what, token, fields in host.told] == [(0, "ended")] * 2
 
 
 def test_an_unknown_completion_whose_reads_fail_is_sent_again_once_its_deadline_passed(world: World) -> None:
@@ -709,3 +712,11 @@ def test_a_failure_on_a_lapsed_lease_whose_key_cannot_be_read_is_sent_again_not_
 
     ending = world.run(Host(body))
     assert ending.kind is Kind.SEND_AGAIN and ending.hand_back is not None and ending.failure is None
+
+
+def test_with_fence_on_busy_fail_a_worker_fails_at_once_on_a_held_key() -> None:
+    world = World(fence_on_busy="fail")
+    world.memory.acquire("k", "someone-else", TTL, {"id": "t-2"})
+    host = Host(lambda fence: "never")
+    ending = world.run(host)
+    assert ending.kind is Kind.RAISE and isinstance(ending.error, LeaseHeld) and host.bodies == 0

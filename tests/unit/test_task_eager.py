@@ -215,3 +215,35 @@ def test_a_store_that_stays_down_makes_the_task_retry(
     result = never.apply(task_id="t-down")
     assert result.failed() and isinstance(result.result, StoreUnavailable)
     assert ran == []  # the body never ran without a lease
+
+
+@pytest.mark.parametrize("what", ["renewed", "refused"])
+def test_the_runs_reports_reach_the_signals_with_the_task_as_sender(app: Celery, what: str) -> None:
+    """What the run reports (from the renewer's thread too) reaches ``lease_renewed`` / ``write_refused``
+    receivers connected for this task, with the key, the token, the task id and (refused) the reason."""
+    from celery.app.task import Context
+
+    from celery_fence.signals import lease_renewed, write_refused
+    from celery_fence.task import _Host
+
+    @app.task(base=FencedTask, bind=True, shared=False, fence_key="k")
+    def work(self: Any) -> None:
+        pass
+
+    task = work._get_current_object()  # a registered task, not the lazy proxy (whose receivers connect late)
+    heard: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **fields: Any) -> None:
+        heard.append({"sender": sender, **{k: v for k, v in fields.items() if k != "signal"}})
+
+    signal = lease_renewed if what == "renewed" else write_refused
+    signal.connect(receiver, sender=task, weak=False)
+    try:
+        host = _Host(task, Context(id="t-1", is_eager=True), runtime_for(app))
+        host.report(what, "k", 3, reason="lease lost: renew refused")
+    finally:
+        signal.disconnect(receiver, sender=task)
+    expected: dict[str, Any] = {"sender": task, "key": "k", "token": 3, "task_id": "t-1"}
+    if what == "refused":
+        expected["reason"] = "lease lost: renew refused"
+    assert heard == [expected]
