@@ -96,7 +96,7 @@ class Facts:
     view: View = View.UNREAD
     joined: bool = False  # the run's writes were in its transaction: an uncommitted completion undid them
     delivered: bool = False  # the result backend already has this task id's ending (SUCCESS, FAILURE)
-    deadline_passed: bool = False  # the run's local deadline passed (the lease may have been taken over)
+    deadline_passed: bool = False  # the run's local deadline passed: stop calling the store again
     read_failed: bool = False  # the store did not answer the read of the key
     awaited: bool = False  # no use waiting for delivery: waited a ttl already (its header), or nothing tells
 
@@ -197,12 +197,12 @@ def _failed(facts: Facts) -> Action:
     """The body raised or was interrupted: Celery stores FAILURE and sends the errback, unless a copy of this
     very task id holds or finished the key (this run is a stale one): that copy's ending is the task id's,
     and a FAILURE now would run both branches of the canvas. Unreadable: the result backend tells whether
-    its ending was delivered already."""
+    its ending was delivered already, and if not, a copy is sent to find out."""
     if facts.view in (View.SAME_TASK, View.SAME_TASK_DONE) or facts.delivered:
         return Action.ABSORB
-    if facts.view is View.UNREAD and facts.deadline_passed:  # the lease lapsed: a copy of this task id may
-        return Action.REQUEUE  # have taken it over and committed; a copy finds out, no FAILURE beside it
-    return Action.FAIL  # ours, another task id's, free, or unreadable while the lease was surely ours
+    if facts.view is View.UNREAD:  # a copy of this task id may have taken the key over (an expiry, an admin
+        return Action.REQUEUE  # release) and committed: a copy finds out; no FAILURE beside its SUCCESS
+    return Action.FAIL  # ours, another task id's, or free
 
 
 def _refused(facts: Facts) -> Action:

@@ -144,14 +144,8 @@ class Run:
             log.warning("fence: store unavailable in %s, re-queued: %s", self.key, exc)
             return self._end(decide(Facts(Event.BODY_UNKNOWN)), fence, None, self.policy.interval, cause=exc)
         except BaseException as exc:
-            facts = Facts(body_event(exc), deadline_passed=self._lapsed(fence))
-            return self._end(self._decide(facts, fence.token), fence, None, cause=exc)
+            return self._end(self._decide(Facts(body_event(exc)), fence.token), fence, None, cause=exc)
         return self._complete(fence, result)
-
-    def _lapsed(self, fence: Fence) -> bool:
-        """Whether the run's lease may have been taken over: known lost, or its local deadline passed."""
-        deadline = self.runtime.renewer.deadline(fence.lease)
-        return fence.lost or (deadline is not None and self.clock() >= deadline)
 
     def _hooks(self, fence: Fence) -> tuple[OnLost, OnRenewed]:
         def on_lost(lost: Lease, reason: str) -> None:  # the renewer's thread

@@ -119,6 +119,12 @@ FINDINGS: dict[str, tuple[str, list[tuple[str, Any]]]] = {
          ("body op", "return"), ("complete outcome", "late"), ("get outcome", "before"),
          ("body op", "soft_limit"), ("get outcome", "before"), END],
     ),
+    "N11 the same after an operator's release the stale run was not told of": (
+        "memory",
+        [("action", "duplicate"), ("body op", "admin_release"), ("body op", "nested"),
+         ("nested delivery", _queued), ("body op", "return"), ("complete outcome", "base"),
+         ("get outcome", "before"), ("body op", "soft_limit"), ("get outcome", "before"), END],
+    ),
     "N10 two stale copies of a task id, each refused, each returned the winner's result": (
         "memory",
         [("action", "send_new"), ("action", "duplicate"), ("message", _task("t2")), ("body op", "expire"),

@@ -114,13 +114,13 @@ def test_a_committed_completion_is_never_reported_as_a_failure() -> None:
 def test_the_bodys_own_endings_take_celerys_course() -> None:
     """Raised, retried, rejected, ignored or interrupted: release, and let Celery do what it does; but a
     FAILURE of a stale run whose task id a copy carries on (holds or finished the key) is absorbed, or both
-    branches of the canvas would run (the simulation's soak found it); and one whose key cannot be read after
-    its lease lapsed is sent again, so that a copy finds out whether a copy of it committed (N11)."""
+    branches of the canvas would run (the simulation's soak found it); and one whose key cannot be read is
+    sent again, so that a copy finds out whether a copy of it committed (N11)."""
     for facts in ALL:
         read = facts.view is not View.UNREAD or facts.read_failed
         if facts.event in BODY_ENDINGS and (facts.event not in FAILURES or read):
             copy = facts.event in FAILURES and (facts.view in COPY_OF_THIS_TASK or facts.delivered)
-            unknown = facts.event in FAILURES and facts.view is View.UNREAD and facts.deadline_passed
+            unknown = facts.event in FAILURES and facts.view is View.UNREAD
             expected = Action.ABSORB if copy else Action.REQUEUE if unknown else Action.FAIL
             assert decide(facts) is expected, facts
         if decide(facts) is Action.FAIL:
@@ -200,7 +200,7 @@ def test_a_copy_waits_a_ttl_for_a_finished_run_to_deliver_before_it_delivers_for
         (Facts(Event.BODY_UNKNOWN), Action.REQUEUE),
         (Facts(Event.RAISED), Action.READ),  # a FAILURE is decided once the key is read
         (Facts(Event.RAISED, View.MINE_HELD), Action.FAIL),
-        (Facts(Event.RAISED, read_failed=True), Action.FAIL),  # unreadable: Celery's course
+        (Facts(Event.RAISED, read_failed=True), Action.REQUEUE),  # unreadable: a copy finds out (N11)
         (Facts(Event.RAISED, read_failed=True, delivered=True), Action.ABSORB),  # a copy delivered it
         (Facts(Event.RAISED, View.SAME_TASK_DONE), Action.ABSORB),  # the soak's both branches
         (Facts(Event.INTERRUPTED, View.SAME_TASK), Action.ABSORB),
