@@ -662,6 +662,10 @@ def test_a_finished_key_that_cannot_be_read_asks_the_backend_whether_its_task_id
     ending = world.run(host)
     assert host.bodies == 0
     assert ending == (Ending.ignoring() if ended else Ending.returning("stored"))
+    # Reported as a duplicate of a done key; the token is the acquire's (AlreadyDone) or, unread, 0.
+    assert [(what, token, fields) for what, token, fields in host.told] == [
+        ("duplicate", 0 if ended else lease.token, {"reason": "done"})
+    ]
 
 
 @pytest.mark.parametrize("then", ["pruned", "taken by another task id"])
@@ -726,3 +730,24 @@ def test_with_fence_on_busy_fail_a_worker_fails_at_once_on_a_held_key() -> None:
     host = Host(lambda fence: "never")
     ending = world.run(host)
     assert ending.kind is Kind.RAISE and isinstance(ending.error, LeaseHeld) and host.bodies == 0
+
+
+def test_a_duplicate_of_a_running_task_id_is_reported_and_looks_again_later(world: World) -> None:
+    world.memory.acquire("k", "the-running-copy", TTL, {"id": "t-1"})
+    host = Host(lambda fence: "never")
+    ending = world.run(host)
+    assert ending.kind is Kind.SEND_AGAIN and ending.headers == {"fence_looks": 1} and host.bodies == 0
+    assert host.reports == [("duplicate", "k")]
+    assert [(token, fields) for _, token, fields in host.told] == [(0, {"reason": "held"})]
+
+
+def test_a_duplicate_of_a_finished_key_reports_the_token_that_finished_it(world: World) -> None:
+    first = world.memory.acquire("k", "the-first-run", TTL, {"id": "t-2"})
+    world.memory.complete(first, "stored")
+    host = Host(lambda fence: "never")
+    assert world.run(host) == Ending.returning("stored")
+    state = world.memory.get("k")
+    assert state is not None
+    assert [(what, token, fields) for what, token, fields in host.told] == [
+        ("duplicate", state.token, {"reason": "done"})
+    ]

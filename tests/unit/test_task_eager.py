@@ -247,3 +247,60 @@ def test_the_runs_reports_reach_the_signals_with_the_task_as_sender(app: Celery,
     if what == "refused":
         expected["reason"] = "lease lost: renew refused"
     assert heard == [expected]
+
+
+def test_a_takeover_and_its_release_reach_signals_and_events_with_their_fields(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lease_acquired`` and, for an acquire that took an expired lease over, ``lease_takeover`` and the
+    ``task-fence-takeover`` event; ``lease_released`` when the run lets go; a refusal's event names the key
+    and the token."""
+    from celery.app.task import Context
+
+    import celery_fence.task as task_module
+    from celery_fence.fence import Fence
+    from celery_fence.signals import lease_acquired, lease_released, lease_takeover
+    from celery_fence.stores.memory import MemoryStore
+    from celery_fence.task import _Host
+    from celery_fence.testing import FakeClock
+
+    @app.task(base=FencedTask, bind=True, shared=False, fence_key="k")
+    def work(self: Any) -> None:
+        pass
+
+    task = work._get_current_object()
+    runtime = runtime_for(app)
+    events: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(task_module, "send_fence_event", lambda t, r, kind, **f: events.append((kind, f)))
+    heard: list[tuple[str, dict[str, Any]]] = []
+
+    def receiver(signal: Any, sender: Any, **fields: Any) -> None:
+        assert sender is task
+        heard.append((signal.name, fields))
+
+    signals = (lease_acquired, lease_takeover, lease_released)
+    for signal in signals:
+        signal.connect(receiver, sender=task, weak=False)
+    try:
+        clock = FakeClock()
+        store = MemoryStore(clock=clock)
+        store.acquire("k", "the-dead-run", 30)
+        clock.advance(45)  # the store's clock: the dead run's lease expired 15 s ago
+        lease = store.acquire("k", "the-new-run", 30)
+        assert lease.taken_over
+        host = _Host(task, Context(id="t-1", is_eager=True), runtime)
+        fence = Fence(store, lease, None, 30.0)
+        host.acquired(fence)
+        host.report("refused", "k", lease.token, reason="refused")
+        host.released(fence)
+    finally:
+        for signal in signals:
+            signal.disconnect(receiver, sender=task)
+    run = {"key": "k", "token": lease.token, "task_id": "t-1"}
+    assert [name for name, _ in heard] == ["lease_acquired", "lease_takeover", "lease_released"]
+    assert heard[0][1] == run and heard[1][1] == {**run, "expired_for": lease.expired_for}
+    assert {k: v for k, v in heard[2][1].items() if k != "held"} == run and heard[2][1]["held"] >= 0
+    assert events == [
+        ("takeover", {"key": "k", "token": lease.token, "expired_for": lease.expired_for}),
+        ("refused", {"key": "k", "token": lease.token, "exception": "refused"}),
+    ]
