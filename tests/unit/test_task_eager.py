@@ -304,3 +304,24 @@ def test_a_takeover_and_its_release_reach_signals_and_events_with_their_fields(
         ("takeover", {"key": "k", "token": lease.token, "expired_for": lease.expired_for}),
         ("refused", {"key": "k", "token": lease.token, "exception": "refused"}),
     ]
+
+
+def test_a_direct_call_passes_keyword_arguments(app: Celery) -> None:
+    @app.task(base=FencedTask, bind=True, shared=False)
+    def add(self: Any, x: int, y: int = 0) -> int:
+        return x + y
+
+    assert add(1, y=2) == 3
+
+
+def test_a_tasks_own_lease_ttl_is_the_runs(app: Celery, store: Store) -> None:
+    """``fence_lease_ttl`` on the task, not the app's default (30 s), sets the lease the run holds."""
+    seen: list[float | None] = []
+
+    @app.task(base=FencedTask, bind=True, shared=False, fence_key="k", fence_lease_ttl=7.0)
+    def short(self: Any) -> None:
+        state = store.get("k")
+        seen.append(None if state is None else state.expires_in)
+
+    assert short.apply().successful()
+    assert seen and seen[0] is not None and 6.0 < seen[0] <= 7.0
