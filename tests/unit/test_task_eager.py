@@ -325,3 +325,16 @@ def test_a_tasks_own_lease_ttl_is_the_runs(app: Celery, store: Store) -> None:
 
     assert short.apply().successful()
     assert seen and seen[0] is not None and 6.0 < seen[0] <= 7.0
+
+
+def test_a_copy_built_during_a_run_names_the_token_it_hands_over(app: Celery) -> None:
+    """``self.retry()`` and the fence's re-sends build their copy with ``signature_from_request``: the copy
+    carries the running lease's token (``fence_handoff``), to take the key back if the release is lost."""
+
+    @app.task(base=FencedTask, bind=True, shared=False, fence_key="k")
+    def work(self: Any) -> tuple[Any, int]:
+        copy = self.signature_from_request(self.request)
+        return copy.options["headers"].get("fence_handoff"), self.fence.token
+
+    handoff, token = work.apply().get()
+    assert handoff == token == 1
