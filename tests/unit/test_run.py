@@ -217,6 +217,7 @@ def test_an_unknown_completion_whose_reads_fail_is_sent_again_once_its_deadline_
     started = world.clock()
     ending = world.run(Host(body))
     assert ending.kind is Kind.SEND_AGAIN and ending.headers == {"fence_resends": 1}
+    assert ending.countdown == TTL / 3  # a renew interval: the copy comes once the store may answer again
     # Read until the lease's own deadline (its acquire plus the ttl), not a ttl after the completion.
     assert reads and started + TTL / 2 <= reads[0] and reads[-1] <= started + TTL
 
@@ -751,3 +752,12 @@ def test_a_duplicate_of_a_finished_key_reports_the_token_that_finished_it(world:
     assert [(what, token, fields) for what, token, fields in host.told] == [
         ("duplicate", state.token, {"reason": "done"})
     ]
+
+
+def test_a_completion_that_failed_before_the_store_acted_is_called_again(world: World) -> None:
+    """The completion did not answer and a read shows the key still the run's, not done: outside a
+    transaction the token is still ours, so the run completes again rather than sending a copy."""
+    world.store.faults = [Fault(Outcome.BEFORE, method="complete", nth=1)]
+    assert world.run(Host(lambda fence: "v")) == Ending.returning("v")
+    state = world.memory.get("k")
+    assert state is not None and state.done and state.result == "v"
