@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 
 from celery_fence import GaveUp, LeaseHeld, StaleToken, StoreUnavailable
 from celery_fence._ending import Ending, Kind
@@ -265,6 +265,7 @@ def test_the_renewers_renewals_are_reported_to_the_host(world: World) -> None:
     host = Host(body)
     assert world.run(host) == Ending.returning("v")
     assert [(what, token) for what, token, _ in host.told] == [("renewed", 1)]
+    assert host.reports == [("renewed", "k")]
 
 
 def test_an_eager_runs_fenced_write_of_unknown_outcome_raises_to_its_caller(world: World) -> None:
@@ -761,3 +762,25 @@ def test_a_completion_that_failed_before_the_store_acted_is_called_again(world: 
     assert world.run(Host(lambda fence: "v")) == Ending.returning("v")
     state = world.memory.get("k")
     assert state is not None and state.done and state.result == "v"
+
+
+@pytest.mark.parametrize("exc", [Retry(), Reject("no", requeue=False), Ignore()])
+def test_the_bodys_own_celery_endings_release_without_reading_the_key(world: World, exc: Exception) -> None:
+    """``self.retry()``, ``Reject`` and ``Ignore`` take Celery's course at once: the lease is released and
+    the exception raised, with no read of the key (only a failure asks who has it)."""
+    reads: list[str] = []
+
+    class Counting(IndeterminateStore):
+        def get(self, key: str) -> Any:
+            reads.append(key)
+            return super().get(key)
+
+    world.runtime._store = Counting(world.memory)  # type: ignore[assignment]
+
+    def body(fence: Fence) -> None:
+        raise exc
+
+    ending = world.run(Host(body))
+    assert ending.kind is Kind.RAISE and ending.error is exc and reads == []
+    state = world.memory.get("k")
+    assert state is not None and state.expires_in is None
