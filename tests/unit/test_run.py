@@ -309,6 +309,8 @@ def test_a_failure_whose_key_another_task_id_took_is_still_this_task_ids_failure
 def test_an_acquire_that_fails_twice_is_tried_a_third_time(world: World) -> None:
     world.store.faults = [Fault(Outcome.BEFORE, method="acquire", nth=n) for n in (1, 2)]
     assert world.run(Host(lambda fence: "v")) == Ending.returning("v")
+    pause = world.runtime.config.policy.acquire_pause
+    assert world.slept == [pause, 2 * pause]  # a longer pause after each failed call
 
 
 def test_what_the_store_raises_outside_its_errors_reaches_the_caller_unchanged(world: World) -> None:
@@ -784,3 +786,26 @@ def test_the_bodys_own_celery_endings_release_without_reading_the_key(world: Wor
     assert ending.kind is Kind.RAISE and ending.error is exc and reads == []
     state = world.memory.get("k")
     assert state is not None and state.expires_in is None
+
+
+def test_an_unknown_completion_after_the_renewer_gave_up_the_lease_reads_for_a_ttl(world: World) -> None:
+    """The renewer found the lease lost and stopped tracking it (no deadline of its own any more); the
+    completion's reply is lost and no read answers: the run reads for a ttl from the completion, then sends
+    a copy, rather than giving up at the first failed read."""
+    reads: list[float] = []
+
+    class Unreadable(IndeterminateStore):
+        def get(self, key: str) -> Any:
+            reads.append(world.clock())
+            raise StoreUnavailable("sim: the read is lost")
+
+    def body(fence: Fence) -> str:
+        world.memory.force_release("k")
+        world.clock.advance(TTL / 3)
+        world.runtime.renewer.tick()  # the renew is refused: lost, untracked
+        return "late"
+
+    world.runtime._store = Unreadable(world.memory, faults=[Fault(Outcome.LOST, method="complete")])  # type: ignore[assignment]
+    ending = world.run(Host(body))
+    assert ending.kind is Kind.SEND_AGAIN
+    assert len(reads) > 1 and reads[-1] - reads[0] <= TTL
