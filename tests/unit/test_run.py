@@ -772,12 +772,12 @@ def test_the_bodys_own_celery_endings_release_without_reading_the_key(world: Wor
     the exception raised, with no read of the key (only a failure asks who has it)."""
     reads: list[str] = []
 
-    class Counting(IndeterminateStore):
+    class CountingReads(IndeterminateStore):
         def get(self, key: str) -> Any:
             reads.append(key)
             return super().get(key)
 
-    world.runtime._store = Counting(world.memory)  # type: ignore[assignment]
+    world.runtime._store = CountingReads(world.memory)  # type: ignore[assignment]
 
     def body(fence: Fence) -> None:
         raise exc
