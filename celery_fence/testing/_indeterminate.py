@@ -36,7 +36,16 @@ __all__ = ["CALLS", "ENV", "Fault", "IndeterminateStore", "Outcome", "faults_fro
 ENV = STORE_FAULTS_ENV
 LOG_ENV = "CELERY_FENCE_STORE_FAULTS_LOG"
 CALLS = (
-    "acquire", "renew", "complete", "release", "save_step", "steps", "refuse", "get", "begin_run", "strand"
+    "acquire",
+    "renew",
+    "complete",
+    "release",
+    "save_step",
+    "steps",
+    "refuse",
+    "get",
+    "begin_run",
+    "strand",
 )
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from ..stores import Store, open_store
 from ..stores.urls import mask_url
+from ._app_under_test import SendGuard, app_under_test
 from ._contract_plugin import (
     fence_contract_expire,
     fence_contract_harness,
@@ -151,8 +152,24 @@ def fence_celery_config(fence_store: Store) -> dict[str, Any]:
 
 
 @pytest.fixture
+def fence_app(request: pytest.FixtureRequest) -> Any:
+    """The app ``fence_in_process_worker`` runs: pytest-celery's ``celery_app``. Return your own app instead
+    (in your ``conftest.py``) to test the tasks you made with ``@app.task``: for each test the plugin
+    switches it to Celery's memory broker and result backend and ``fence_celery_config``, then puts it
+    back."""
+    app = request.getfixturevalue("celery_app")
+    request.node.stash[_CELERY_APP] = app
+    return app
+
+
+_CELERY_APP = pytest.StashKey[Any]()
+
+
+@pytest.fixture
 def fence_in_process_worker(
-    celery_app: Any,
+    request: pytest.FixtureRequest,
+    fence_app: Any,
+    fence_celery_config: dict[str, Any],
     celery_includes: Any,
     celery_worker_parameters: Any,
     fence_store_url: str,
@@ -160,13 +177,37 @@ def fence_in_process_worker(
     fence_store_faults: list[Fault],
 ) -> Iterator[Any]:
     """``celery.contrib.pytest``'s ``celery_worker`` (which pytest-celery's Docker ``celery_worker``
-    shadows) for fenced tasks: a worker thread on ``celery_app`` whose runs use ``fence_store``, with the
+    shadows) for fenced tasks: a worker thread on ``fence_app`` whose runs use ``fence_store``, with the
     threads pool (4 threads: runs can overlap) and a stop that takes no 2 to 4 s.
 
     ``celery_includes`` are imported first; ``celery_worker_parameters`` go to the worker (``pool`` and
-    ``concurrency`` too). ``celery_app`` must be configured with ``fence_celery_config``.
+    ``concurrency`` too). pytest-celery's ``celery_app`` must be configured with ``fence_celery_config``;
+    your own app (``fence_app``) is configured for the test by the plugin. A task sent through an app that
+    is not the one under test fails the test, naming it.
     """
-    configured = celery_app.conf.get("fence_store_url")
+    with contextlib.ExitStack() as stack:
+        if request.node.stash.get(_CELERY_APP, None) is fence_app:
+            _check_configured(fence_app, fence_store_url, fence_store)
+        else:
+            stack.enter_context(app_under_test(fence_app, fence_celery_config))
+        _poll_memory_broker_often(fence_app)
+        for module in celery_includes:
+            fence_app.loader.import_task_module(module)
+        options = {"pool": "threads", "concurrency": 4, **celery_worker_parameters}
+        faulty = IndeterminateStore(fence_store, fence_store_faults) if fence_store_faults else None
+        guard = stack.enter_context(SendGuard(fence_app))
+        with in_process_worker(fence_app, store=faulty or fence_store, **options) as worker:
+            yield worker
+    problem = guard.problem()
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    unfired = [fault for fault in faulty.faults if fault.rate is None] if faulty else []
+    if faulty and unfired:  # the test passed without the fault it was written for
+        pytest.fail(f"fence_store_faults never fired: {unfired}; store calls: {faulty.calls}", pytrace=False)
+
+
+def _check_configured(app: Any, fence_store_url: str, fence_store: Store) -> None:
+    configured = app.conf.get("fence_store_url")
     if configured not in (fence_store.url, fence_store_url):
         pytest.fail(
             f"celery_app's fence_store_url is {mask_url(configured)!r}, not fence_store's "
@@ -174,16 +215,6 @@ def fence_in_process_worker(
             "(function scope), e.g. return {**fence_celery_config, ...}",
             pytrace=False,
         )
-    _poll_memory_broker_often(celery_app)
-    for module in celery_includes:
-        celery_app.loader.import_task_module(module)
-    options = {"pool": "threads", "concurrency": 4, **celery_worker_parameters}
-    faulty = IndeterminateStore(fence_store, fence_store_faults) if fence_store_faults else None
-    with in_process_worker(celery_app, store=faulty or fence_store, **options) as worker:
-        yield worker
-    unfired = [fault for fault in faulty.faults if fault.rate is None] if faulty else []
-    if faulty and unfired:  # the test passed without the fault it was written for
-        pytest.fail(f"fence_store_faults never fired: {unfired}; store calls: {faulty.calls}", pytrace=False)
 
 
 def _poll_memory_broker_often(app: Any) -> None:

@@ -133,3 +133,54 @@ def test_a_store_fault_that_never_fired_fails_the_test(pytester: pytest.Pytester
     result = pytester.runpytest_subprocess()
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*fence_store_faults never fired*method='commit'*"])
+
+
+INVOICES = ROOT / "example_app" / "invoices"  # a user's @app.task app and its tests, docs/testing.md
+UNREACHABLE = {  # the app's production settings, pointed where nothing answers: a test that used them fails
+    "INVOICES_BROKER_URL": "redis://127.0.0.1:9/0",
+    "INVOICES_RESULT_BACKEND": "redis://127.0.0.1:9/1",
+    "INVOICES_STORE_URL": "postgresql://127.0.0.1:9/invoices",
+}
+
+
+def copy_project(pytester: pytest.Pytester, *names: str) -> None:
+    for name in names:
+        (pytester.path / name).write_text((INVOICES / name).read_text())
+
+
+def test_a_users_own_app_runs_in_process_with_no_broker_and_no_store_of_its_own(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/testing.md's in-process files for an @app.task app, in an empty project: they pass although
+    the app's broker, result backend and store do not answer."""
+    copy_project(pytester, "invoices.py", "conftest.py", "test_invoices.py")
+    for name, value in UNREACHABLE.items():
+        monkeypatch.setenv(name, value)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
+
+
+def test_a_task_sent_through_an_app_not_under_test_fails_the_test_naming_it(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without ``fence_app``, ``charge.delay()`` goes to the app's own broker, not to the in-process worker:
+    the test fails saying so, also when a live worker there would have answered."""
+    copy_project(pytester, "invoices.py")
+    monkeypatch.setenv("INVOICES_BROKER_URL", "memory://")  # it accepts the message; nobody runs it
+    pytester.makepyfile(
+        "from invoices import charge\n\n"
+        "import pytest\n\n"
+        "@pytest.fixture\n"
+        "def celery_config(fence_celery_config):\n"
+        "    return fence_celery_config\n\n"
+        "def test_it(fence_in_process_worker):\n"
+        "    charge.delay(1)\n"
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*sent through an app that is not the one under test: invoices.charge (on app 'invoices', broker "
+            "'memory://*')*return that app from a fence_app fixture*"
+        ]
+    )

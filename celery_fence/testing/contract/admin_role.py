@@ -17,7 +17,6 @@ from .checks import TTL
 REQUIRES = (AdminStore,)
 
 
-
 def test_force_release_fences_out_the_holder(fence_contract_store: Any) -> None:
     store = fence_contract_store
     lease = store.acquire("k", "a", TTL)

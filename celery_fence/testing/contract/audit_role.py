@@ -12,7 +12,6 @@ from .checks import TTL
 REQUIRES = (AuditStore,)
 
 
-
 def test_history_is_ordered_by_store_time(fence_contract_store: Any, fence_contract_expire: Any) -> None:
     store, expire = fence_contract_store, fence_contract_expire
     first = store.acquire("k", "a", TTL)

@@ -11,7 +11,6 @@ from .checks import TTL, abandon
 REQUIRES = (RecoveryStore, AuditStore)
 
 
-
 def test_abandoned_runs_are_found_and_claimed_once(
     fence_contract_store: Any, fence_contract_expire: Any
 ) -> None:

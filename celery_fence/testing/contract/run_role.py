@@ -273,6 +273,7 @@ def test_close_is_idempotent(fence_contract_store: Any) -> None:
     store.close()
     store.close()
 
+
 RICH = {
     "at": dt.datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=dt.timezone.utc),
     "day": dt.date(2026, 12, 1),
@@ -299,7 +300,7 @@ def test_results_and_steps_keep_the_types_celerys_json_carries(fence_contract_st
 
 
 def test_each_store_states_its_limit_and_refuses_a_bigger_value_before_writing(
-    fence_contract_store: Any
+    fence_contract_store: Any,
 ) -> None:
     store = fence_contract_store
     limit = store.max_value_bytes
@@ -336,4 +337,3 @@ def test_nesting_deeper_than_the_codec_follows_is_invalid_argument(fence_contrac
     with pytest.raises(InvalidArgument, match="nested too deeply"):
         store.complete(lease, deep)
     assert store.get("k").done is False
-

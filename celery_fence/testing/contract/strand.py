@@ -45,7 +45,11 @@ def test_a_released_key_keeps_its_token_and_loses_its_owner(fence_contract_store
     assert store.strand("k", RUN, REASON) is True
     state = store.get("k")
     assert (state.token, state.owner, state.expires_in, state.dead, state.run) == (
-        lease.token, None, None, REASON, RUN
+        lease.token,
+        None,
+        None,
+        REASON,
+        RUN,
     )
     assert _last(store, "k") == ("gave-up", lease.token, None, REASON)
     with pytest.raises(StaleToken):  # the released lease stays fenced out
