@@ -2,7 +2,8 @@
 before the worker says ``ready.`` (else it shows at the first run, as a wait and then a bare driver error).
 
 What cannot work stops the worker (``ConfigurationError``): a SQLite file in a directory that does not
-exist, credentials the store refuses, tables that are not celery-fence's or that this role may not create.
+exist, a database or role the server does not have, credentials the store refuses, tables that are not
+celery-fence's or that this role may not create.
 A store that does not answer is a warning: runs wait it out (``fence_store_wait``), and it may be starting,
 as the worker is.
 """

@@ -5,8 +5,9 @@ replacing it fails while the server is down)."""
 from __future__ import annotations
 
 import pytest
+from sqlalchemy.engine import make_url
 
-from celery_fence import StoreUnavailable
+from celery_fence import ConfigurationError, Lease, StoreUnavailable, open_store
 
 from .reconnect import OPERATIONS, TTL, run_and_check
 from .restartable import RESTARTABLE, restartable_store
@@ -30,3 +31,28 @@ def test_every_operation_is_store_unavailable_while_the_server_is_down(
         server.start()
         run_and_check(store, store.acquire("k2", "b", TTL), "renew")
         run_and_check(store, lease, "complete")
+
+
+@pytest.mark.parametrize(
+    ("store_name", "wrong", "says"),
+    [
+        ("postgresql", {"database": "fence_no_such_db"}, "the database 'fence_no_such_db' does not exist"),
+        ("postgresql", {"username": "fence_no_such_role"}, "the role 'fence_no_such_role' does not exist"),
+        ("redis", {"database": "99"}, "no such database"),
+    ],
+)
+def test_what_no_wait_can_heal_is_a_configuration_error_from_every_operation(
+    store_name: str, wrong: dict[str, str], says: str, request: pytest.FixtureRequest
+) -> None:
+    """A database, or role, the server does not have: waiting cannot make it, so it is not
+    StoreUnavailable (which a run waits out for fence_store_wait) but ConfigurationError, naming it."""
+    url = make_url(
+        request.getfixturevalue("postgres_url" if store_name == "postgresql" else "redis_server_url")
+    )
+    store = open_store(url.set(**wrong).render_as_string(hide_password=False))
+    try:
+        for operation in sorted(OPERATIONS):
+            with pytest.raises(ConfigurationError, match=says):
+                OPERATIONS[operation](store, Lease("k", 1, "a"))
+    finally:
+        store.close()

@@ -133,6 +133,29 @@ def test_a_redis_database_the_server_does_not_have_stops_the_worker(cluster: Clu
     assert "ready." not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("part", "says"),
+    [
+        ("database", "the database 'fence_no_such_db' does not exist"),
+        ("role", "the role 'fence_no_such_role'"),
+    ],
+)
+def test_a_postgresql_database_or_role_that_does_not_exist_stops_the_worker(
+    cluster: Cluster, postgres_url: str, part: str, says: str
+) -> None:
+    """Waiting cannot make them exist: the worker stops at start, as for a Redis database the server
+    lacks, instead of making every run wait fence_store_wait and fail."""
+    url = make_url(postgres_url)
+    wrong = (
+        url.set(database="fence_no_such_db") if part == "database" else url.set(username="fence_no_such_role")
+    )
+    done = start_refused(cluster, {"FENCE_IT_STORE": wrong.render_as_string(hide_password=False)})
+    assert done.returncode != 0
+    (critical,) = said(done.stderr, "CRITICAL")
+    assert says in critical and "fence_store_url" in critical
+    assert "ready." not in done.stderr
+
+
 def _closed_port() -> int:
     with socket.socket() as probe:  # a port nothing listens on once this closes
         probe.bind(("127.0.0.1", 0))

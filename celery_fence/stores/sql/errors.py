@@ -8,6 +8,7 @@ own cursor (``driver``), which are not wrapped first.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -104,6 +105,9 @@ def driver_error(url: str, orig: BaseException, lost: bool) -> FenceError:
         return RowLocked(f"fence store {safe_url(url)}: a row is locked: {message}")
     if is_locked(orig):  # SQLite's busy timeout ran out: another process holds the write lock
         return StoreUnavailable(locked_message(url))
+    refused = _connection_refused_for_good(str(orig))
+    if refused is not None:
+        return ConfigurationError(f"fence store {safe_url(url)}: {refused}")
     if code == "42501":  # insufficient privilege: no wait heals it (typically the tables are not made yet)
         return ConfigurationError(
             f"fence store {safe_url(url)}: {message}: this database role may not create or "
@@ -111,6 +115,29 @@ def driver_error(url: str, orig: BaseException, lost: bool) -> FenceError:
             "migrations, docs/alembic.md) as a role that may, and grant this one their use"
         )
     return _refusal(url, orig, message, code, lost)
+
+
+# What a PostgreSQL server answers at connect (libpq reports it with no SQLSTATE) that no wait can heal:
+# the fix is in fence_store_url or on the server. A server in another language says it in that language,
+# and its refusal stays StoreUnavailable.
+_NAME_ONE = "create it, or name one that does in fence_store_url"
+_REFUSED_FOR_GOOD = (
+    (r'database "([^"]*)" does not exist', "the database {0!r} does not exist: " + _NAME_ONE),
+    (r'role "([^"]*)" does not exist', "the role {0!r} does not exist: " + _NAME_ONE),
+    (
+        r'password authentication failed for user "([^"]*)"',
+        "the server refused the password of {0!r}: correct it in fence_store_url",
+    ),
+    (r"no pg_hba\.conf entry for host", "the server's pg_hba.conf does not let this host and role in"),
+)
+
+
+def _connection_refused_for_good(text: str) -> str | None:
+    for pattern, says in _REFUSED_FOR_GOOD:
+        found = re.search(pattern, text)
+        if found is not None:
+            return says.format(*found.groups())
+    return None
 
 
 def not_sent(url: str, exc: BaseException) -> FenceError:
