@@ -21,17 +21,22 @@ __all__ = ["check_settings", "check_worker_at_start", "stop_worker"]
 
 log = logging.getLogger(__name__)
 
+
 def check_settings(
-    conf: Mapping[str, Any], pool: str = "prefork", tasks: Sequence[Any] | None = None
+    conf: Mapping[str, Any],
+    pool: str = "prefork",
+    tasks: Sequence[Any] | None = None,
+    namespace: str | None = None,
 ) -> list[str]:
     """Warnings for ``conf``; raises ``ConfigurationError`` for settings that cannot work. Without I/O.
 
     ``tasks`` (the app's fenced tasks) are checked each, their own options over the app's; without them,
-    the acknowledgement settings are judged by the app's defaults.
+    the acknowledgement settings are judged by the app's defaults. ``namespace``: the app's settings
+    namespace (``CELERY`` for Django's ``CELERY_*`` settings).
     """
     config = FenceConfig.from_conf(conf)
     store = capabilities_for(config.store_url)  # refuses a bad URL, unknown scheme or missing driver too
-    ttl, warnings = config.policy.ttl, unknown_settings(conf)
+    ttl, warnings = config.policy.ttl, unknown_settings(conf, namespace)
     warnings += [w for w in [store.ttl_warning(ttl)] if w]
     if store.write_lock_wait is not None:
         warnings += _lock_warning(store, config.policy, conf.get("fence_renew_interval"))
@@ -83,7 +88,7 @@ def check_worker_at_start(sender: Any = None, instance: Any = None, **_: Any) ->
         return
     pool = getattr(getattr(worker, "pool_cls", None), "__module__", "").rsplit(".", 1)[-1]
     try:
-        _log_warnings(check_settings(app.conf, pool, tasks))
+        _log_warnings(check_settings(app.conf, pool, tasks, getattr(app, "namespace", None)))
         _log_warnings(probe_store(FenceConfig.from_conf(app.conf)))  # settings first: no bad URL opened
     except ConfigurationError as exc:
         stop_worker(exc)

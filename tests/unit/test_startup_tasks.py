@@ -4,13 +4,15 @@ checked against the task's signature. Pure: an app object, no worker, no store."
 
 from __future__ import annotations
 
+import logging
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from celery import Celery
 
 from celery_fence import ConfigurationError, FencedTask
-from celery_fence.worker.startup import check_settings
+from celery_fence.worker.startup import check_settings, check_worker_at_start
 
 SAFE: dict[str, Any] = {"task_acks_late": True, "task_reject_on_worker_lost": True}
 
@@ -47,10 +49,36 @@ def test_an_upper_case_setting_is_not_read_and_says_so() -> None:
     assert warning.startswith("unknown setting FENCE_LEASE_TTL (did you mean fence_lease_ttl?)")
 
 
-def test_a_fence_setting_like_no_other_warns_without_a_guess() -> None:
-    assert check_settings({**SAFE, "fence_xyz": 1}) == [
-        "unknown setting fence_xyz: celery-fence ignores it"
+class DjangoSettings:
+    """What ``django.conf:settings`` holds: upper-case names, Celery's under its ``CELERY_`` namespace."""
+
+    CELERY_TASK_ACKS_LATE = True
+    CELERY_TASK_REJECT_ON_WORKER_LOST = True
+    CELERY_FENCE_LEASE_TTL = 60
+    CELERY_FENCE_STORE_URL = "memory://"
+    CELERY_FENCE_ON_BUSSY = "ignore"
+
+
+def test_a_misspelt_setting_in_a_celery_namespace_warns_as_written(caplog: pytest.LogCaptureFixture) -> None:
+    """``app.config_from_object("django.conf:settings", namespace="CELERY")``: Celery reads
+    ``CELERY_FENCE_LEASE_TTL`` as ``fence_lease_ttl``, and a misspelt one is named as the user wrote it,
+    by the worker's start-up check."""
+    app = Celery("django", set_as_current=False)
+    app.config_from_object(DjangoSettings, namespace="CELERY")
+    app.task(base=FencedTask, bind=True, name="t", shared=False, fence_key="item:{item}")(_body)
+    app.finalize()
+    assert app.conf.get("fence_lease_ttl") == 60
+    with caplog.at_level(logging.WARNING, logger="celery_fence"):
+        check_worker_at_start(sender=SimpleNamespace(app=app, pool_cls=None))
+    warnings = [r.getMessage() for r in caplog.records if "unknown setting" in r.getMessage()]
+    assert warnings == [
+        "celery-fence: unknown setting CELERY_FENCE_ON_BUSSY (did you mean CELERY_FENCE_ON_BUSY?): "
+        "celery-fence ignores it"
     ]
+
+
+def test_a_fence_setting_like_no_other_warns_without_a_guess() -> None:
+    assert check_settings({**SAFE, "fence_xyz": 1}) == ["unknown setting fence_xyz: celery-fence ignores it"]
 
 
 def test_every_known_setting_and_task_option_is_no_warning() -> None:
