@@ -58,3 +58,12 @@ def test_a_table_without_fence_token_is_refused(user_db: Any) -> None:
     plain = Table("fence_test_plain", MetaData(), Column("id", Integer, primary_key=True))
     with pytest.raises(InvalidArgument, match="fence_token"), user_db.begin() as conn:
         fenced_update(conn, plain, {}, plain.c.id == 1, 1)
+
+
+def test_a_where_that_matches_no_row_is_stale_token_and_writes_nothing(store: Any, user_db: Any) -> None:
+    """recipes.md: fenced_update cannot tell a missing row from a newer token's row, so both refuse."""
+    lease = store.acquire("acct:2", "a", 30.0)
+    with pytest.raises(StaleToken), user_db.begin() as conn:
+        fenced_update(conn, accounts, {"owner": "a"}, accounts.c.id == 2, lease.token)
+    with user_db.connect() as conn:
+        assert conn.execute(select(accounts.c.id, accounts.c.owner)).all() == [(1, "nobody")]

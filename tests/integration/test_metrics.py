@@ -95,3 +95,24 @@ def test_a_prefork_worker_serves_its_fence_counters(cluster: Cluster) -> None:
     assert len(list(tmp.glob("celery-fence-metrics-*"))) == 1
     worker.stop()
     assert list(tmp.glob("celery-fence-metrics-*")) == []  # removed when the worker's main process exited
+
+
+@pytest.mark.parametrize("cluster", [{"store": "sqlite"}], indirect=True)
+def test_counters_never_go_back_when_a_pool_process_exits(cluster: Cluster) -> None:
+    """Each run in a pool process of its own (``--max-tasks-per-child 1``): every process that counted has
+    exited by the next scrape, and the counts it made are still there, adding up."""
+    port, tmp = free_port(), cluster.workdir / "tmp-m"
+    tmp.mkdir()
+    extra = ("--fence-metrics-port", str(port), "--max-tasks-per-child", "1")
+    cluster.worker("m", env={"TMPDIR": str(tmp)}, concurrency=1, extra=extra)
+    seen = []
+    for i in range(1, 5):
+        record.apply_async((f"child-{i}",)).get(timeout=30)
+        count = wait_for(
+            lambda i=i: (
+                value(scrape(port), "lease_hold_seconds_count") >= i and value(scrape(port), "acquired_total")
+            ),
+            what=f"run {i} to be counted",
+        )
+        seen.append(count)
+    assert seen == [1, 2, 3, 4]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 from typing import Any
 
@@ -9,6 +10,7 @@ import pytest
 from celery import Celery
 
 from celery_fence._events import send_fence_event
+from celery_fence.testing import free_port
 
 
 class Dispatcher:
@@ -56,3 +58,16 @@ def test_an_eager_run_sends_nothing() -> None:
     task, sent = _task(True)
     send_fence_event(task, SimpleNamespace(id="t1", hostname=None, is_eager=True), "lost", key="k", token=1)
     assert sent == []
+
+
+def test_a_broker_that_does_not_answer_drops_the_event_with_a_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Sending never fails the run: the broker refuses the connection, the event is dropped and said."""
+    app = Celery("events", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
+    app.conf.fence_store_url = "memory://"
+    app.conf.task_publish_retry_policy = {"max_retries": 0}
+    with caplog.at_level(logging.WARNING, logger="celery_fence"):
+        send_fence_event(SimpleNamespace(app=app), WORKER_RUN, "refused", key="k", token=3, exception="stale")
+    (record,) = [r for r in caplog.records if r.name.startswith("celery_fence")]
+    assert record.getMessage().startswith("could not send task-fence-refused for t1: ")

@@ -184,3 +184,48 @@ def test_prometheus_imported_before_the_folder_was_set_still_gives_multiprocess_
     created, multiprocess = done.stdout.split()
     Path(created).rmdir()
     assert multiprocess == "True"
+
+
+class CountingStore:
+    """A memory store that records the name of every call made to it: the round trips a run makes."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._store, name)
+        if not callable(found):
+            return found
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return found(*args, **kwargs)
+
+        return call
+
+
+def calls_of_three_runs(clock: FakeClock, connected: bool) -> list[str]:
+    """The store calls of one run, its duplicate and a takeover, with metrics connected or not."""
+    app = make_app(f"counted-{connected}", clock)
+    store = CountingStore(MemoryStore(clock=clock))
+    runtime_for(app)._store = store  # type: ignore[assignment]
+    metrics = FenceMetrics(CollectorRegistry()).connect(app) if connected else None
+    charge = fenced(app)
+    charge.apply((1,))
+    charge.apply((1,))
+    store._store.acquire("order:2", "a dead worker", 5.0)
+    clock.advance(7.5)
+    charge.apply((2,))
+    if metrics is not None:
+        metrics.disconnect()
+        assert value(metrics, "takeover_total", task="unit.charge") == 1  # it counted
+    runtime_for(app).close()
+    return store.calls
+
+
+def test_metrics_add_no_store_round_trip(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> None:
+    monkeypatch.setattr(Renewer, "_ensure_thread", lambda self: None)
+    without = calls_of_three_runs(clock, connected=False)
+    assert "acquire" in without
+    assert calls_of_three_runs(clock, connected=True) == without
