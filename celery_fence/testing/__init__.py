@@ -20,6 +20,9 @@ test takes its ``celery_app`` and adds the fence::
         assert charge.delay(7).get(timeout=10) == charge.delay(7).get(timeout=10) == 700
         assert_history_clean(fence_store)
 
+Tasks made with ``@app.task`` on your own app: return that app from a ``fence_app`` fixture, and
+``fence_in_process_worker`` runs it in-process, switched to the memory broker and the test's store.
+
 The fault kit starts real ``celery -A <your app> worker`` processes (``fence_worker``) and aims a fault at
 the process that runs a task: :func:`paused` past its lease, :func:`kill_mid_run`, :func:`redeliver`, the
 store link cut through a :class:`StoreProxy` (``fence_store_proxy``), lost replies from the store
