@@ -1,9 +1,10 @@
-"""How a run ends: the pure decision table of the run's state machine (DESIGN.md §3). Standard library only.
+"""How a run ends: the pure decision table of the run's state machine (docs/guarantees.md#how-a-run-ends).
+Standard library only.
 
 A run goes acquire -> body -> complete. At each step something happens (:class:`Event`) and, when that alone
 cannot say what it means, the run reads the key's state and classifies it (:class:`View`, by
 :func:`view_of`). :func:`decide` maps the two to what the run does next (:class:`Action`). The events are
-what the store answered and what the body and Celery did (DESIGN.md §3 "every exit"): the body returned,
+what the store answered and what the body and Celery did (docs/guarantees.md#every-exit): the body returned,
 raised, retried, rejected, ignored, caught the failure of its first ``transaction()`` block, or was
 interrupted (a time limit, ``SystemExit``) before, during or after its completion. Every store call
 has three outcomes, treated apart: answered, failed before the store acted, and unknown (sent, reply lost);

@@ -16,11 +16,9 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["ENV", "STORE_FAULTS_ENV", "failpoint"]
+__all__ = ["ENV", "failpoint"]
 
 ENV = "CELERY_FENCE_FAILPOINTS"
-# Set only by the fault kit (``celery_fence.testing``): JSON of the store calls whose reply is lost.
-STORE_FAULTS_ENV = "CELERY_FENCE_STORE_FAULTS"
 POINTS = ("before-acquire", "after-acquire", "before-renew", "before-complete", "after-guard")
 
 

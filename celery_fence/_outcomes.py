@@ -1,8 +1,8 @@
 """What happened to a run, as the decide table's events, and what the run asks of its host.
 
-The task maps Celery's control flow to the table (DESIGN.md §3): which exception left the body, how the run's
-transaction stands when the body returned, how a completion failed. ``RunHost`` is the little a run needs
-of its Celery task: the body, the result backend's word, and someone to tell.
+The task maps Celery's control flow to the table (docs/guarantees.md#every-exit): which exception left the
+body, how the run's transaction stands when the body returned, how a completion failed. ``RunHost`` is the
+little a run needs of its Celery task: the body, the result backend's word, and someone to tell.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""How a run ends without running its body, and the fence's own sending again of a run (DESIGN.md §3).
+"""How a run ends without running its body, and the fence's own sending again of a run
+(docs/guarantees.md#every-exit).
 
 A run that cannot end now (an unavailable store, a key another task id holds, a refusal nobody took over,
 an unknown outcome) is sent again with the same task id and the same ``retries``: the fence never spends the

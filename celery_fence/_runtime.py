@@ -3,18 +3,17 @@ records it owes its store (:mod:`celery_fence._owed`).
 
 Tied to the app, created lazily in the process that runs tasks (a prefork child after fork, never the
 parent); a forked child drops its parent's (:mod:`celery_fence._process`), so no client is ever shared
-across a fork.
+across a fork. A test wraps the stores an app's runtimes open through :func:`wrap_stores`, the seam the
+fault kit (:mod:`celery_fence.testing`) installs its lost replies by; this module never imports the kit.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ._failpoints import STORE_FAULTS_ENV
 from ._interrupt import Interrupter
 from ._owed import OwedRecords
 from ._process import forget_in_child
@@ -23,9 +22,10 @@ from .lease import OwnerNames
 from .renewer import Renewer
 from .stores import Store, open_store
 
-__all__ = ["FenceRuntime", "runtime_for", "settle_at_exit"]
+__all__ = ["FenceRuntime", "runtime_for", "settle_at_exit", "wrap_stores"]
 
 _ATTR = "_celery_fence_runtime"
+_WRAP = "_celery_fence_store_wrapper"  # on the app, so a forked child's new runtime wraps its store too
 _CREATE = threading.Lock()  # serialises first creation on the threads pool; holds no state
 
 
@@ -56,7 +56,9 @@ class FenceRuntime:
         if self._store is None:
             with self._lock:
                 if self._store is None:
-                    self._store = _with_injected_faults(open_store(self.config.store_url))
+                    store = open_store(self.config.store_url)
+                    wrap: Callable[[Store], Store] | None = self.app.__dict__.get(_WRAP)
+                    self._store = store if wrap is None else wrap(store)
         return self._store
 
     @property
@@ -80,19 +82,6 @@ class FenceRuntime:
             self._store.close()
 
 
-def _with_injected_faults(store: Store) -> Store:
-    """The fault kit's indeterminate outcomes, when a test asks for them (``CELERY_FENCE_STORE_FAULTS``)."""
-    if not os.environ.get(STORE_FAULTS_ENV):
-        return store
-    from .testing._indeterminate import IndeterminateStore, faults_from_env  # a test: pytest is there
-
-    faults = faults_from_env()
-    if not faults:
-        return store
-    wrapped: Store = IndeterminateStore(store, faults)  # delegates what it does not wrap
-    return wrapped
-
-
 def runtime_for(app: Any) -> FenceRuntime:
     """This process's runtime for ``app``; a forked child makes its own on first use."""
     runtime: FenceRuntime | None = app.__dict__.get(_ATTR)
@@ -112,3 +101,10 @@ def settle_at_exit(app: Any) -> None:
     runtime: FenceRuntime | None = app.__dict__.get(_ATTR)
     if runtime is not None:
         runtime.settle()
+
+
+def wrap_stores(app: Any, wrapper: Callable[[Store], Store]) -> None:
+    """A test's seam: every store a runtime for ``app`` opens from now on (in this process and the children
+    it forks) is ``wrapper(store)``. The fault kit's lost replies come in this way
+    (``celery_fence/testing/_in_worker.py``); a runtime that already opened its store keeps it."""
+    setattr(app, _WRAP, wrapper)

@@ -71,7 +71,8 @@ def recover_abandoned(
 def _resend(app: Any, seen: Abandoned, attempt: int, report: RecoveryReport) -> None:
     run = seen.run or {}
     options = resend_options(run)
-    # Marked as a copy: one whose task id ended FAILURE meanwhile is not run again (guarantees.md).
+    # Marked as a copy: one whose task id ended FAILURE meanwhile is not run again
+    # (docs/guarantees.md#every-exit).
     options["headers"] = {**(options.get("headers") or {}), RECOVERED: attempt}
     app.send_task(run["task"], **options)
     copy = f"attempt {attempt}" if not seen.sent else f"attempt {attempt}, copy {seen.sent + 1}"

@@ -1,4 +1,5 @@
-"""One fenced run, driven through the state machine of :mod:`celery_fence._decide` (DESIGN.md §3).
+"""One fenced run, driven through the state machine of :mod:`celery_fence._decide`
+(docs/guarantees.md#how-a-run-ends).
 
 :class:`Run` makes the store calls, runs the body, asks :func:`~celery_fence._decide.decide` what each
 outcome means (what the store answered and what the body and Celery did), and returns how the run ends as an
@@ -180,7 +181,8 @@ class Run:
     # -- completion --
 
     def _complete(self, fence: Fence, result: Any) -> Ending:
-        """Commit the result; an unknown outcome is read back, never guessed (DESIGN.md §1)."""
+        """Commit the result; an unknown outcome is read back, never guessed
+        (docs/guarantees.md#how-a-run-ends)."""
         deadline = self.runtime.renewer.deadline(fence.lease)
         deadline = deadline if deadline is not None else self.clock() + self.policy.ttl
         self.runtime.renewer.untrack(fence.lease)  # no renew of a lease whose completion may have committed

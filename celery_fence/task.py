@@ -1,7 +1,7 @@
 """``FencedTask``: a Celery task whose every run holds a lease and whose writes carry its fencing token.
 
-The lifecycle (DESIGN.md §3) brackets the body inside ``__call__``, the one place Celery runs both in a
-worker and in eager ``apply()``, and before the result is stored:
+The lifecycle (docs/architecture.md#the-path-of-one-run) brackets the body inside ``__call__``, the one place
+Celery runs both in a worker and in eager ``apply()``, and before the result is stored:
 
 1. acquire the key's lease (a finished key returns its stored result unrun; a held one goes to
    ``fence_on_busy``, or is absorbed when the holder is a copy of this very task id);
@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, ClassVar
 
 from celery import Task
@@ -73,7 +74,8 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         """Hook the worker's start (its steps, the settings check) and the end of its processes (records they
         owe the store), once per process whatever the number of tasks."""
         celeryd_init.connect(add_worker_steps, weak=False, dispatch_uid="celery_fence.worker_steps")
-        celeryd_after_setup.connect(check_worker_at_start, weak=False, dispatch_uid="celery_fence.startup")
+        check = partial(check_worker_at_start, fenced=FencedTask)  # the worker package never imports this one
+        celeryd_after_setup.connect(check, weak=False, dispatch_uid="celery_fence.startup")
         for ending in (worker_process_shutdown, worker_shutdown):  # a pool process, the worker: owed records
             ending.connect(settle_owed_records, weak=False, dispatch_uid=f"celery_fence.owed.{ending.name}")
 

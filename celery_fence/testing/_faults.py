@@ -16,10 +16,15 @@ from typing import Any, TypeVar
 
 from celery.app.utils import find_app
 
+from ._indeterminate import ENV as STORE_FAULTS_ENV
+
 __all__ = ["Worker", "free_port", "wait_for"]
 
 T = TypeVar("T")
 _QUIET = ("--without-gossip", "--without-mingle", "--without-heartbeat")
+# Loaded into a worker whose environment asks for lost replies: it installs them (named, not imported here:
+# importing it connects a receiver to ``worker_init``).
+_IN_WORKER = "celery_fence.testing._in_worker"
 
 
 def wait_for(
@@ -58,7 +63,9 @@ class Worker:
     random suffix unless ``name`` has an ``@``. ``env`` is added to this process's environment, and ``cwd``
     (default: the current directory) is put first on ``PYTHONPATH`` (then ``env``'s, else this process's)
     so the app imports. ``wrapper`` runs the worker under another command, e.g. ``("faketime", "-f",
-    "+300s")`` for a worker whose clock is skewed. ``start`` waits for ``ready.`` in the log, which Celery
+    "+300s")`` for a worker whose clock is skewed. When the environment sets ``CELERY_FENCE_STORE_FAULTS``,
+    the worker loads ``celery_fence.testing._in_worker`` (``-I``), which makes its store calls lose their
+    replies as asked. ``start`` waits for ``ready.`` in the log, which Celery
     writes at ``INFO``: a subclass with a higher ``loglevel`` overrides ``_ready``.
     """
 
@@ -107,9 +114,10 @@ class Worker:
         inherited = self._env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
         path = os.pathsep.join(dict.fromkeys(p for p in (cwd, *inherited.split(os.pathsep)) if p))
         full_env = {**os.environ, **self._env, "PYTHONPATH": path}
+        faults = ["-I", _IN_WORKER] if full_env.get(STORE_FAULTS_ENV) else []
         with open(self.err_path, "wb") as stderr:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
-                self.command, env=full_env, cwd=cwd, start_new_session=True,
+                [*self.command, *faults], env=full_env, cwd=cwd, start_new_session=True,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
             )  # fmt: skip
         return self

@@ -7,7 +7,8 @@ acted, then a time limit hit the caller before the reply came back), so a test c
 call position x outcome and check that each leaves one effect per key and no lost work. A run's
 transaction (``begin_run``) is wrapped too: its ``commit`` is a call like the others.
 
-In a worker process it is switched on by the environment variable ``CELERY_FENCE_STORE_FAULTS``: a JSON list
+In a worker the kit starts (:class:`~celery_fence.testing.Worker`, which then loads :mod:`._in_worker`) it is
+switched on by the environment variable ``CELERY_FENCE_STORE_FAULTS``: a JSON list
 of faults, e.g. ``[{"method": "complete", "nth": 1, "outcome": "lost"}]`` (the first completion of each
 pool process commits and loses its reply), or ``{"method": "commit", "rate": 0.1, "outcome": "lost"}``
 (every commit, with probability 0.1: a fault that keeps firing, for soaks; ``"per_key": true`` fires at most
@@ -28,12 +29,11 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from .._failpoints import STORE_FAULTS_ENV
 from ..errors import FenceError, InvalidArgument, StoreUnavailable
 
 __all__ = ["CALLS", "ENV", "Fault", "IndeterminateStore", "Outcome", "faults_from_env"]
 
-ENV = STORE_FAULTS_ENV
+ENV = "CELERY_FENCE_STORE_FAULTS"
 LOG_ENV = "CELERY_FENCE_STORE_FAULTS_LOG"
 CALLS = (
     "acquire",

@@ -79,11 +79,13 @@ def _lock_warning(store: Capabilities, policy: LeasePolicy, interval: float | No
     ]
 
 
-def check_worker_at_start(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    """``celeryd_after_setup`` receiver: the worker's main process, logging set up, no child forked yet."""
+def check_worker_at_start(sender: Any = None, instance: Any = None, *, fenced: type, **_: Any) -> None:
+    """``celeryd_after_setup`` receiver: the worker's main process, logging set up, no child forked yet.
+    ``fenced`` is ``FencedTask``, given by the receiver ``task.py`` connects (this package never imports
+    ``task.py``, which imports it): the app's tasks of that class are checked."""
     worker = instance if instance is not None else sender
     app: Any = getattr(worker, "app", None)
-    tasks = [] if app is None else _fenced_tasks(app)
+    tasks = [] if app is None else _fenced_tasks(app, fenced)
     if not tasks:
         return
     pool = getattr(getattr(worker, "pool_cls", None), "__module__", "").rsplit(".", 1)[-1]
@@ -106,7 +108,5 @@ def _log_warnings(warnings: list[str]) -> None:
         log.warning("celery-fence: %s", warning)
 
 
-def _fenced_tasks(app: Any) -> list[Any]:
-    from ..task import FencedTask
-
-    return [task for task in app.tasks.values() if isinstance(task, FencedTask)]
+def _fenced_tasks(app: Any, fenced: type) -> list[Any]:
+    return [task for task in app.tasks.values() if isinstance(task, fenced)]

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from celery import Task
+
 from ..keys import check_key_template
 from .spelling import PREFIX, unknown_task_options
 
@@ -76,13 +78,12 @@ def task_warnings(tasks: Sequence[Any]) -> list[str]:
 
 
 def _own_fence_names(task: Any) -> set[str]:
-    """The ``fence_*`` names the task sets: on its instance, or on its classes below ``FencedTask``
-    (Celery turns ``@app.task(...)`` keywords into attributes of a class made for the task)."""
-    from ..task import FencedTask  # task.py imports the startup check: import it when checking
-
+    """The ``fence_*`` names the task sets: on its instance, or on its classes below Celery's ``Task``
+    (Celery turns ``@app.task(...)`` keywords into attributes of a class made for the task). ``FencedTask``
+    is one of them: it declares the task options, each ``None``, and nothing else named ``fence_*``."""
     names = {name for name in vars(task) if name.lower().startswith(PREFIX)}
     for cls in type(task).__mro__:
-        if cls is FencedTask:
+        if cls is Task:
             break
         names.update(name for name in vars(cls) if name.lower().startswith(PREFIX))
     return names

@@ -133,7 +133,7 @@ def _finish(cluster: Cluster, keys: list[str], strict: bool, timeout: float = 12
 
 @dataclass(frozen=True)
 class Counts:
-    """What a failover did that DESIGN.md §1 forbids (all 0 on a synchronous standby)."""
+    """What a failover did that docs/guarantees.md#the-guarantees forbids (all 0 on a synchronous standby)."""
 
     completions_lost: int = 0  # a completion the old primary acknowledged, absent on the new one
     redone: int = 0  # of those, keys that ran again (recovery) and finished with another token

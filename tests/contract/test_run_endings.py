@@ -1,5 +1,5 @@
-"""How a caller's result ends when two runs meet on one key (DESIGN.md §3), through Celery's in-process
-worker (threads pool: runs overlap) on every store that serves several processes.
+"""How a caller's result ends when two runs meet on one key (docs/guarantees.md#how-a-run-ends), through
+Celery's in-process worker (threads pool: runs overlap) on every store that serves several processes.
 
 - A task id that lost its key to another task id ends ready: the winner's result once the key is done,
   else a FenceError naming the winner (review point 6); never PENDING for ever, also with

@@ -1,6 +1,8 @@
-"""The run's transaction on the SQL stores (DESIGN.md §1, §3): ``transaction()`` blocks join one transaction
-that commits with the run's completion; steps taken after it join it too; a hand-made commit is a usage
-error; the renewer never waits behind a run's own open transaction (issue "hardening", point 4)."""
+"""The run's transaction on the SQL stores
+(docs/guarantees.md#the-rule-of-transaction-its-writes-commit-with-the-completion): ``transaction()`` blocks
+join one transaction that commits with the run's completion; steps taken after it join it too; a hand-made
+commit is a usage error; the renewer never waits behind a run's own open transaction (issue "hardening",
+point 4)."""
 
 from __future__ import annotations
 

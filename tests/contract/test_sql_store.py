@@ -214,8 +214,9 @@ def test_old_and_new_token_race_only_the_new_commits(sql: SQLStore, effects: str
 
 def test_a_takeover_never_slips_into_an_open_fenced_transaction(sql: SQLStore, effects: str) -> None:
     """The guard locks the lease row until commit. On PostgreSQL an acquire that meets the lock answers
-    LeaseHeld at once (DESIGN.md §3: no pool process waits behind a paused holder); SQLite has one writer,
-    so there the acquire waits for the commit. Either way the takeover comes after the write."""
+    LeaseHeld at once (docs/guarantees.md#the-rule-of-transaction-its-writes-commit-with-the-completion: no
+    pool process waits behind a paused holder); SQLite has one writer, so there the acquire waits for the
+    commit. Either way the takeover comes after the write."""
     old = sql.acquire("k", "old", TTL)
     _expire(sql)
     taken: dict[str, Any] = {}

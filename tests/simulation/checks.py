@@ -1,4 +1,5 @@
-"""The invariants checked after every program (DESIGN.md §1 and §3), once the program has settled.
+"""The invariants checked after every program (docs/guarantees.md: the guarantees, how a run ends), once the
+program has settled.
 
 Per key: done with exactly one effect (the committing run's writes, nobody else's) and its result, or no
 effect; dead only with a record; never an abandoned lease nobody recovers. Per task id: SUCCESS if and only

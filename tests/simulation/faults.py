@@ -1,10 +1,11 @@
 """The store as the simulation sees it: every call a run makes asks the program for its outcome.
 
-Outcomes (DESIGN.md §3: answered, failed before the store acted, unknown): ``ok`` answered; ``before``
-failed before the store acted; ``lost`` acted, reply lost; ``late`` the call arrived after the lease expired
-(the clock jumps past the ttl), acted, reply lost; ``hang`` the clock jumps past the ttl, then the call
-fails; ``die`` the worker dies before the call (the delivery stops; no later call of it reaches the store);
-``base`` a ``BaseException`` (``SoftTimeLimitExceeded``) lands while the reply is in flight (acted).
+Outcomes (docs/guarantees.md#how-a-run-ends: answered, failed before the store acted, unknown): ``ok``
+answered; ``before`` failed before the store acted; ``lost`` acted, reply lost; ``late`` the call arrived
+after the lease expired (the clock jumps past the ttl), acted, reply lost; ``hang`` the clock jumps past the
+ttl, then the call fails; ``die`` the worker dies before the call (the delivery stops; no later call of it
+reaches the store); ``base`` a ``BaseException`` (``SoftTimeLimitExceeded``) lands while the reply is in
+flight (acted).
 """
 
 from __future__ import annotations

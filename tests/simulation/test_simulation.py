@@ -1,6 +1,7 @@
 """The deterministic simulation of the real run (issue 26): hypothesis generates programs, the real
 FencedTask/Run code runs them through Celery's tracer on a simulated broker, and the invariants of
-DESIGN.md §1 and §3 are checked after each (``checks.py``). A failure prints the program and its replay line.
+docs/guarantees.md (the guarantees, how a run ends) are checked after each (``checks.py``). A failure prints
+the program and its replay line.
 
 ``make test`` runs the short form (derandomized: the same programs every run); ``make soak-sim`` (part of
 ``make soak``) the random soak, ``FENCE_SIM_PROGRAMS`` programs on the memory store (default 200,000) through

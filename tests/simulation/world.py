@@ -468,8 +468,9 @@ class World:
         key = key or f"actor:{self.prefix}{self.chooser.choose('actor key', (0, 1))}"
         owner = owner or self.chooser.choose("actor owner", ("actor-a", "actor-b"))
         before = self.raw.get(key)
-        # The owner's own live lease is the one answer without a new token (DESIGN §3: how a retried acquire
-        # whose reply was lost finds what it created; the store cannot tell that retry from this reuse).
+        # The owner's own live lease is the one answer without a new token (docs/guarantees.md#every-exit: how
+        # a retried acquire whose reply was lost finds what it created; the store cannot tell that retry from
+        # this reuse).
         retried = (
             before is not None and not before.done and before.owner == owner
             and before.expires_in is not None and before.expires_in > 0

@@ -1,7 +1,7 @@
 """A run whose acquire answered "done" or "held" and whose read of the key then failed, or found the key
-pruned meanwhile (DESIGN.md §3: every store call answered, failed or unknown). Eager ``apply()`` on a memory
-store behind a wrapper; these are rows of the decide table that the mutation run found no run-level test
-reaching (docs/reliability.md, "Mutation testing")."""
+pruned meanwhile (docs/guarantees.md#how-a-run-ends: every store call answered, failed or unknown). Eager
+``apply()`` on a memory store behind a wrapper; these are rows of the decide table that the mutation run found
+no run-level test reaching (docs/reliability.md, "Mutation testing")."""
 
 from __future__ import annotations
 

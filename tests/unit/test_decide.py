@@ -1,7 +1,8 @@
 """The run's decision table, exhaustively: every event x every view x every fact, with no worker.
 
-Each property below is a promise of DESIGN.md §1/§3 stated over the whole table, so a row that breaks it
-fails here whatever its place; the named rows after them are the cases a review found broken.
+Each property below is a promise of docs/guarantees.md (#the-guarantees, #how-a-run-ends) stated over the
+whole table, so a row that breaks it fails here whatever its place; the named rows after them are the cases a
+review found broken.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ BODY_OR_LATER = {
     Event.COMPLETE_UNKNOWN,
     Event.COMPLETE_INTERRUPTED,
 }
-# What the body and Celery did (DESIGN.md §3 "every exit"). A FAILURE (raised, interrupted) is decided after
-# a read: a stale run whose task id a copy carries on leaves the ending to that copy.
+# What the body and Celery did (docs/guarantees.md#every-exit). A FAILURE (raised, interrupted) is decided
+# after a read: a stale run whose task id a copy carries on leaves the ending to that copy.
 BODY_ENDINGS = {Event.RAISED, Event.RETRIED, Event.REJECTED, Event.IGNORED, Event.INTERRUPTED}
 FAILURES = {Event.RAISED, Event.INTERRUPTED}
 COPY_OF_THIS_TASK = {View.SAME_TASK, View.SAME_TASK_DONE}
@@ -98,8 +99,9 @@ def test_no_work_is_dropped_while_nobody_else_has_the_key() -> None:
 
 
 def test_a_committed_completion_is_never_reported_as_a_failure() -> None:
-    """DESIGN.md §1: an interruption (a time limit) while the reply is due or after it answered, or a lost
-    reply, never turns a committed completion into FAILURE; an unreadable outcome is never FAILURE either."""
+    """docs/guarantees.md#every-exit: an interruption (a time limit) while the reply is due or after it
+    answered, or a lost reply, never turns a committed completion into FAILURE; an unreadable outcome is never
+    FAILURE either."""
     for facts in ALL:
         action = decide(facts)
         after_completion = facts.event in BODY_OR_LATER and facts.view is View.MINE_DONE
@@ -157,7 +159,8 @@ def test_a_refusal_is_only_ever_about_someone_else() -> None:
 
 
 def test_a_task_id_that_lost_its_key_to_another_ends_ready() -> None:
-    """DESIGN.md §3: the winner's result once the key is done, else a FenceError naming the winner."""
+    """docs/guarantees.md#how-a-run-ends: the winner's result once the key is done, else a FenceError naming
+    the winner."""
     for event in (Event.REFUSED, Event.COMPLETE_REFUSED, Event.COMPLETE_UNKNOWN):
         assert decide(Facts(event, View.OTHER_TASK_DONE)) is Action.REFUSE_WINNER
         assert decide(Facts(event, View.OTHER_TASK)) is Action.REFUSE_SUPERSEDED

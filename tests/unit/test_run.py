@@ -612,7 +612,8 @@ class Counting(Host):
 
 def test_the_result_backend_is_asked_only_on_the_slow_paths() -> None:
     """A run that returns, fails on its own key, or is refused by a run of another task id that still holds
-    the key never reads the result backend (DESIGN.md §3: only copies, takeovers and finished keys do)."""
+    the key never reads the result backend (docs/guarantees.md#every-exit: only copies, takeovers and finished
+    keys do)."""
 
     def refused(world: World) -> Callable[[Fence], Any]:
         def body(fence: Fence) -> None:

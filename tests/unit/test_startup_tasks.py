@@ -12,6 +12,7 @@ import pytest
 from celery import Celery
 
 from celery_fence import ConfigurationError, FencedTask
+from celery_fence.config import TASK_OPTIONS
 from celery_fence.worker.startup import check_settings, check_worker_at_start
 
 SAFE: dict[str, Any] = {"task_acks_late": True, "task_reject_on_worker_lost": True}
@@ -69,7 +70,7 @@ def test_a_misspelt_setting_in_a_celery_namespace_warns_as_written(caplog: pytes
     app.finalize()
     assert app.conf.get("fence_lease_ttl") == 60
     with caplog.at_level(logging.WARNING, logger="celery_fence"):
-        check_worker_at_start(sender=SimpleNamespace(app=app, pool_cls=None))
+        check_worker_at_start(sender=SimpleNamespace(app=app, pool_cls=None), fenced=FencedTask)
     warnings = [r.getMessage() for r in caplog.records if "unknown setting" in r.getMessage()]
     assert warnings == [
         "celery-fence: unknown setting CELERY_FENCE_ON_BUSSY (did you mean CELERY_FENCE_ON_BUSY?): "
@@ -103,6 +104,25 @@ def test_a_misspelt_option_set_on_a_task_instance_warns_too() -> None:
     task.fence_on_bussy = "fail"
     (warning,) = check_settings(app.conf, tasks=[task])
     assert "unknown option fence_on_bussy (did you mean fence_on_busy?)" in warning
+
+
+def test_fenced_task_itself_declares_the_task_options_and_no_other_fence_name() -> None:
+    """The check walks a task's classes up to Celery's ``Task``, ``FencedTask`` included: its own
+    ``fence_*`` names must be the task options, or every fenced task would warn."""
+    assert sorted(n for n in vars(FencedTask) if n.lower().startswith("fence_")) == sorted(TASK_OPTIONS)
+
+
+def test_a_misspelt_option_on_a_base_class_of_the_task_warns_too() -> None:
+    class Base(FencedTask):  # type: ignore[misc]
+        abstract = True
+        fence_on_bussy = "fail"
+
+    app = Celery("checks", set_as_current=False)
+    app.conf.update(SAFE)
+    app.task(base=Base, bind=True, name="charge", shared=False)(_body)
+    app.finalize()
+    (warning,) = check_settings(app.conf, tasks=[app.tasks["charge"]])
+    assert "task charge: unknown option fence_on_bussy (did you mean fence_on_busy?)" in warning
 
 
 def test_acks_late_on_the_task_is_enough_without_the_app_setting() -> None:

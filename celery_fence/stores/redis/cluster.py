@@ -18,25 +18,38 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, TypeVar
 
+import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from ...lease import MAX_TOKEN
+from ...lease import MAX_TOKEN, HistoryEvent, LeaseState
 from ..validation import past_the_range
 from .rows import merged_events, source
 
-if TYPE_CHECKING:
-    from ...lease import HistoryEvent
-    from .store import RedisStore
-
 __all__ = [
-    "advance", "by_slot", "client", "history", "in_batches", "keys_of", "pattern", "prune", "scan_states",
-    "slot_tag",
+    "SlotStore", "advance", "by_slot", "client", "history", "in_batches", "keys_of", "pattern", "prune",
+    "scan_states", "slot_tag",
 ]
 
 T = TypeVar("T")
+
+
+class SlotStore(Protocol):
+    """What the slot-by-slot operations need of their store (``RedisStore``, whose module imports this one:
+    typed by what it offers, so the store's module stays out of this one's imports)."""
+
+    prefix: str
+
+    def _k(self, kind: str, key: str) -> str: ...
+
+    def _io(self) -> AbstractContextManager[redis.Redis]: ...
+
+    def _script(self, name: str, keys: list[str], args: list[Any]) -> Any: ...
+
+    def _slot_states(self, keys: Sequence[str]) -> list[LeaseState | None]: ...
 
 
 def client(nodes: list[tuple[str, int]]) -> Any:
@@ -66,7 +79,7 @@ def slot_tag(name: str) -> str:
     return _tags()[key_slot(name.encode())]
 
 
-def by_slot(store: RedisStore, items: Iterable[T], key: Callable[[T], str] = str) -> list[list[T]]:
+def by_slot(store: SlotStore, items: Iterable[T], key: Callable[[T], str] = str) -> list[list[T]]:
     """``items`` grouped by the slot of their key's names, each group in the order given."""
     groups: defaultdict[int, list[T]] = defaultdict(list)
     for item in items:
@@ -74,7 +87,7 @@ def by_slot(store: RedisStore, items: Iterable[T], key: Callable[[T], str] = str
     return list(groups.values())
 
 
-def in_batches(store: RedisStore, keys: Iterable[str], size: int) -> Iterator[list[str]]:
+def in_batches(store: SlotStore, keys: Iterable[str], size: int) -> Iterator[list[str]]:
     """``keys`` by slot, in batches of at most ``size`` (each batch one script call)."""
     return (group[i : i + size] for group in by_slot(store, keys) for i in range(0, len(group), size))
 
@@ -84,7 +97,7 @@ def pattern(prefix: str, rest: str) -> str:
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in prefix) + rest
 
 
-def keys_of(store: RedisStore, kind: str) -> list[str]:
+def keys_of(store: SlotStore, kind: str) -> list[str]:
     """Every key that has a name of ``kind``, found by SCAN on every primary, sorted."""
     start = len(store.prefix) + len(kind) + 3  # '<prefix><kind>:{=' ... '}'
     with store._io() as client:
@@ -92,7 +105,7 @@ def keys_of(store: RedisStore, kind: str) -> list[str]:
         return sorted({name[start:-1] for name in names})
 
 
-def history(store: RedisStore) -> list[HistoryEvent]:
+def history(store: SlotStore) -> list[HistoryEvent]:
     """Every key's history, merged by the store clock (each key's own lines stay in their order)."""
     per_key: list[list[str]] = []
     with store._io() as client:
@@ -101,7 +114,7 @@ def history(store: RedisStore) -> list[HistoryEvent]:
     return merged_events(per_key)
 
 
-def prune(store: RedisStore, age_ms: int) -> int:
+def prune(store: SlotStore, age_ms: int) -> int:
     """Every key with a history is a candidate, both for its marker and as finished: the script checks."""
     dropped = 0
     for group in by_slot(store, keys_of(store, "history")):
@@ -111,7 +124,7 @@ def prune(store: RedisStore, age_ms: int) -> int:
     return dropped
 
 
-def advance(store: RedisStore, gap: int) -> int:
+def advance(store: SlotStore, gap: int) -> int:
     """Every slot's counter to at least the highest counter of any slot plus ``gap`` (so every token issued
     after it returns is above what it returns); first a check that none would leave the token range, so
     that a refused advance changes nothing. Pipelined: one batch per primary to read, one to write."""
@@ -133,7 +146,7 @@ def advance(store: RedisStore, gap: int) -> int:
     return max(int(reply) for reply in replies)
 
 
-def scan_states(store: RedisStore, keys: Sequence[str]) -> list[Any]:
+def scan_states(store: SlotStore, keys: Sequence[str]) -> list[Any]:
     """``state`` for keys of any slots: one script per slot, results in the order of ``keys``."""
     rows: dict[str, Any] = {}
     for group in by_slot(store, keys):

@@ -1,5 +1,6 @@
 """A run's fenced transaction on the SQL store: opened at the run's first ``transaction()``, committed
-together with the run's completion, rolled back otherwise (DESIGN.md §1, §3).
+together with the run's completion, rolled back otherwise
+(docs/guarantees.md#the-rule-of-transaction-its-writes-commit-with-the-completion).
 
 The lease row is checked and locked at the start (the guard: a row lock, so no takeover can slip in before
 the commit) and stays locked until the transaction ends. Each ``transaction()`` block after the first runs
@@ -14,9 +15,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from ... import codec
@@ -24,11 +25,9 @@ from ..._failpoints import failpoint
 from ...errors import StaleToken, StoreUnavailable, UsageError
 from ...lease import Lease
 from .errors import translate_errors, user_statement_errors
+from .queries import Queries
 
-if TYPE_CHECKING:
-    from .store import SQLStore
-
-__all__ = ["RunTransaction"]
+__all__ = ["RunTransaction", "TransactionStore"]
 
 _HAND_MADE = (
     "the run's transaction commits with its completion: do not call {what}() on the connection of "
@@ -37,10 +36,31 @@ _HAND_MADE = (
 )
 
 
+class TransactionStore(Protocol):
+    """What a run's transaction needs of its store (:class:`~celery_fence.stores.sql.store.SQLStore`, which
+    imports this module: typed by what it offers, the store's module stays out of this one's imports)."""
+
+    url: str
+    engine: Engine
+    q: Queries
+    max_value_bytes: int
+
+    @property
+    def safe_url(self) -> str: ...
+
+    def guard(
+        self, conn: Connection, lease: Lease, event: str, detail: str | None, idle_ms: int | None = None
+    ) -> bool: ...
+
+    def refuse_now(self, lease: Lease, what: str) -> None: ...
+
+    def event_params(self, lease: Lease, event: str, **extra: Any) -> dict[str, Any]: ...
+
+
 class RunTransaction:
     """One run's open transaction on the store's database (see the module docstring)."""
 
-    def __init__(self, store: SQLStore, lease: Lease, ttl: float, step: str | None = None) -> None:
+    def __init__(self, store: TransactionStore, lease: Lease, ttl: float, step: str | None = None) -> None:
         self.store, self.lease = store, lease
         self._tx: Any = None  # the root Transaction: the one way this class ends it
         self._blocks = 0

@@ -3,8 +3,9 @@
 libpq takes several servers in one URL and connects to the first that answers and suits
 ``target_session_attrs``; in SQLAlchemy's form the servers are repeated ``host`` query parameters:
 ``postgresql+psycopg://user:pw@/db?host=h1:5432&host=h2:5432&target_session_attrs=read-write``. The store
-writes on every call, and reads what it must trust after a lost reply (DESIGN.md §1): a list of servers
-that may connect to a standby (which answers reads from its own, possibly older, copy) is refused.
+writes on every call, and reads what it must trust after a lost reply (docs/guarantees.md#the-guarantees):
+a list of servers that may connect to a standby (which answers reads from its own, possibly older, copy) is
+refused.
 """
 
 from __future__ import annotations
