@@ -1,4 +1,4 @@
-"""FencedTask on real ``celery worker`` processes: Redis broker, PostgreSQL store (DESIGN.md §3)."""
+"""FencedTask on real ``celery worker`` processes: Redis broker, PostgreSQL store (docs/guarantees.md "How a run ends")."""
 
 from __future__ import annotations
 

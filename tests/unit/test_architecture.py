@@ -263,3 +263,14 @@ def test_the_library_cites_only_files_and_sections_in_the_repository() -> None:
         if anchor and (ROOT / file).is_file() and anchor not in _anchors(ROOT / file)
     ]
     assert unknown == []
+
+
+def test_nothing_in_the_repository_cites_the_design_file_it_does_not_hold() -> None:
+    """DESIGN.md is the project's brief, outside the repository and the wheel: a reader of the code, tests
+    or docs must find what they cite, so they cite docs/ instead."""
+    files = [ROOT / "README.md", *ROOT.glob("docs/*.md")]
+    for folder in (PACKAGE, "tests", "example_app", "benchmarks"):
+        files += [p for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".md", ".lua")]
+    this = Path(__file__).resolve()
+    citing = [str(p.relative_to(ROOT)) for p in files if p.resolve() != this and "DESIGN" in p.read_text()]
+    assert citing == []
