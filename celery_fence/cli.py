@@ -162,15 +162,11 @@ def release(ctx: click.Context, key: str, yes: bool) -> None:
         if not yes:
             click.confirm(
                 f"Release {key!r} ({fmt.state(state)}, token {state.token}, owner {state.owner or '-'})? "
-                "Its holder's writes will be refused",
+                f"{fmt.release_effect(state, done=False).capitalize()}",
                 abort=True,
             )
         token = store.force_release(key)
-    click.echo(
-        f"released {key!r}: token is now {token} (was {state.token}); writes with older tokens are refused"
-    )
-    if state.done:
-        click.echo("the key is finished: a new delivery still returns its stored result")
+    click.echo(f"released {key!r}: token is now {token} (was {state.token}); {fmt.release_effect(state)}")
 
 
 @fence.command(name="verify")

@@ -29,7 +29,7 @@ from celery.signals import celeryd_after_setup, celeryd_init, worker_process_shu
 
 from . import _headers
 from ._ending import Ending, Kind
-from ._events import send_fence_event
+from ._events import absorbed_because, send_fence_event
 from ._runinfo import run_info
 from ._runtime import FenceRuntime, runtime_for
 from .errors import FenceError
@@ -176,8 +176,9 @@ class _Host:
             send_fence_event(task, request, "refused", key=key, token=token, exception=reason)
         elif what == "duplicate":
             reason = fields["reason"]
-            log.info("fence: duplicate delivery of %s absorbed: %s (token %d)", key, reason, token)
             detail = fields.get("detail", reason)
+            why = absorbed_because(reason, token, detail)
+            log.info("fence: duplicate delivery of %s absorbed: %s", key, why)
             send_fence_event(task, request, "duplicate", key=key, token=token, reason=detail)
             lease_duplicate.send(sender=task, reason=reason, **run)
         else:

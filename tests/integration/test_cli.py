@@ -207,6 +207,26 @@ def test_release_fences_out_the_holder(cli: Cli, scenario: Scenario) -> None:
         store.close()
 
 
+def test_release_of_a_finished_key_says_that_nothing_is_fenced_out(cli: Cli, scenario: Scenario) -> None:
+    """Issue 27, point 8: a finished key has no holder whose writes could be refused; it stays finished."""
+    asked = cli("release", DONE, stdin="n\n")
+    assert asked.returncode == 1
+    assert "writes will be refused" not in asked.stdout
+    assert "The key is done: nobody holds it, so no run is fenced out" in asked.stdout
+    result = cli("release", DONE, "--yes")
+    assert result.returncode == 0, result.stderr
+    assert lines(result) == [
+        f"released {DONE!r}: token is now {scenario.new.token + 1} (was {scenario.done.token}); the key is "
+        "done: nobody holds it, so no run is fenced out, and a new delivery still returns its stored result"
+    ]
+    store = cli.store()
+    try:
+        state = store.get(DONE)
+        assert state.done and state.result == {"charged": 42}  # what the message says: still finished
+    finally:
+        store.close()
+
+
 def test_verify_passes_a_clean_store_and_names_an_injected_violation(cli: Cli, scenario: Scenario) -> None:
     clean = cli("verify")
     assert clean.returncode == 0, clean.stdout + clean.stderr

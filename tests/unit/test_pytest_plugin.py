@@ -133,3 +133,15 @@ def test_a_store_fault_that_never_fired_fails_the_test(pytester: pytest.Pytester
     result = pytester.runpytest_subprocess()
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*fence_store_faults never fired*method='commit'*"])
+
+
+def test_the_testing_module_exports_only_its_public_names() -> None:
+    """Issue 27, point 8: neither ``pytest`` nor ``annotations`` (the ``__future__`` feature) is a name of
+    ``celery_fence.testing``, in ``dir()`` or through ``import *``; what it shows is ``__all__`` and the
+    two names pytest looks up on a plugin module."""
+    # (pytest's assertion rewriting adds "@py_builtins" and "@pytest_ar" to a plugin module: not names)
+    shown = {name for name in dir(testing) if name.isidentifier() and not name.startswith("_")}
+    assert shown == {*testing.__all__, "PLUGIN_NAME", "pytest_configure"}
+    star: dict[str, object] = {}
+    exec("from celery_fence.testing import *", star)  # what a user's star import gets
+    assert set(star) - {"__builtins__"} == set(testing.__all__)
