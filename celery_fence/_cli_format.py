@@ -39,9 +39,13 @@ def release_effect(s: LeaseState, done: bool = True) -> str:
     return "writes with older tokens are refused" if done else "its holder's writes will be refused"
 
 
-def recovery(s: LeaseState) -> str:
-    """Recovery copies: started and lost (they count against fence_max_recoveries), sent not started."""
-    parts = [f"{s.recoveries} lost"] if s.recoveries else []
+def recovery(s: LeaseState, lost: int | None = None, last: str | None = None) -> str:
+    """Recovery copies: started and lost (they count against fence_max_recoveries), the last started one
+    when it was not lost (``last``: running, completed, released), sent and not started. ``lost``: from
+    the key's history (:func:`celery_fence._cli_recovery.lost_copies`), else every started copy."""
+    lost = s.recoveries if lost is None else lost
+    parts = [f"{lost} lost"] if lost else []
+    parts += [f"1 {last}"] if last else []
     parts += [f"{s.recovery_sent} sent, not started"] if s.recovery_sent else []
     return ", ".join(parts) or "-"
 

@@ -369,3 +369,95 @@ def test_recover_loads_the_apps_included_modules_and_sends_unknown_tasks_by_name
     leases = {row.split()[0]: row for row in lines(cli("leases", app="incapp"))[1:]}
     assert "expired" in leases["foreign"] and "1 sent, not started" in leases["foreign"]
     assert "dead" not in leases["own"]
+
+
+SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the SQLite store's clock
+
+
+def _expire(cli: Cli, key: str, ago: float) -> None:
+    """Move ``key``'s lease expiry to ``ago`` seconds before the store's now (its holder went silent)."""
+    store = cli.store()
+    try:
+        with store.engine.begin() as conn:
+            conn.execute(
+                text(f"UPDATE fence_leases SET expires_at = {SQLITE_NOW} - :ago WHERE key = :k"),
+                {"k": key, "ago": ago},
+            )
+    finally:
+        store.close()
+
+
+def _run(key: str) -> dict[str, Any]:
+    return {"task": "cliapp.charge", "id": key, "args": [1], "kwargs": {}}
+
+
+def test_recover_says_which_expired_leases_it_skipped_and_why(cli: Cli) -> None:
+    """Issue 27, point 5: a pass that re-sends nothing while leases show expired says why: expired less
+    than --grace ago (the default grace is the ttl), or a copy sent earlier has not started yet. The
+    library's own key (the recoverer's, expired too) is never counted."""
+    store = cli.store()
+    try:
+        store.acquire("invoice:old", "host:9:gone", TTL, _run("invoice:old"))
+        store.acquire("celery-fence:recoverer", "host:9:gone", TTL)
+    finally:
+        store.close()
+    _expire(cli, "invoice:old", 10000.0)
+    _expire(cli, "celery-fence:recoverer", 10000.0)
+    first = cli("recover", "--grace", "0")
+    assert lines(first) == ["re-sent invoice:old by name (no such task in this app: left to the workers that "
+                            "know it)", "1 run re-sent, 0 keys marked dead"]  # fmt: skip
+    store = cli.store()
+    try:
+        store.acquire("invoice:new", "host:9:gone", TTL, _run("invoice:new"))
+    finally:
+        store.close()
+    _expire(cli, "invoice:new", 1.0)
+    result = cli("recover", "--grace", "60")
+    assert result.returncode == 0, result.stderr
+    out = lines(result)
+    assert out[0] == "0 runs re-sent, 0 keys marked dead"
+    assert re.fullmatch(
+        r"1 expired lease skipped: expired less than --grace 60s ago; run again after \d\d:\d\d:\d\d UTC or "
+        r"pass --grace 0",
+        out[1],
+    ), out
+    assert re.fullmatch(
+        r"1 expired lease skipped: a copy sent by an earlier pass has not started yet \(queued\): the next "
+        r"is sent no sooner than 1, 1, 2, 4 \.\.\. 32 graces after the last; run again after "
+        r"\d\d:\d\d:\d\d UTC",
+        out[2],
+    ), out
+    assert len(out) == 3
+    default = lines(cli("recover"))  # the default grace: the ttl (30 s)
+    assert default[1].startswith(
+        "1 expired lease skipped: expired less than --grace 30s (the default: the lease ttl) ago; run again"
+    ), default
+
+
+def test_leases_counts_a_copy_that_completed_or_runs_as_not_lost_and_hides_internal_keys(cli: Cli) -> None:
+    """Issue 27, point 6: operating.md's RECOVERY column counts as lost only copies that started and were
+    lost again; a copy that completed the key, or holds it now, is said so. celery-fence's own keys are
+    listed only with --internal, and not counted by verify."""
+    store = cli.store()
+    try:
+        for key in ("invoice:completed", "invoice:running", "invoice:lost"):
+            store.acquire(key, "host:9:gone", TTL, _run(key))
+            _expire(cli, key, 10000.0)
+        for seen in store.abandoned(0.0):
+            assert store.recover(seen, 3) == 1  # each one's copy sent
+        copies = {key: store.acquire(key, f"host:7:{key}", TTL, _run(key)) for key in
+                  ("invoice:completed", "invoice:running", "invoice:lost")}  # fmt: skip  # each copy started
+        store.complete(copies["invoice:completed"], "paid")
+        store.acquire("celery-fence:recoverer", "host:7:elected", TTL)
+    finally:
+        store.close()
+    _expire(cli, "invoice:lost", 10000.0)  # this copy's worker died too
+    every = {row.split()[0]: row.split(maxsplit=5)[5] for row in lines(cli("leases", "--all"))[1:]}
+    assert every == {
+        "invoice:completed": "1 completed",
+        "invoice:running": "1 running",
+        "invoice:lost": "1 lost",
+    }
+    assert "celery-fence:recoverer" in lines(cli("leases", "--internal"))[1]
+    assert cli("verify").stdout == "no violations in 10 events over 3 keys\n"
+    assert cli("verify", "--internal").stdout == "no violations in 11 events over 4 keys\n"
