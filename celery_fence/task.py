@@ -108,9 +108,14 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         back at once if this attempt's release does not reach the store."""
         signature = super().signature_from_request(request, *args, **options)
         sent = _headers.lineage(signature.options.get("headers"))
-        fence = getattr(request if request is not None else self.request, "_fence", None)
+        request = request if request is not None else self.request
+        fence = getattr(request, "_fence", None)
         if fence is not None:
             sent[_headers.HANDOFF] = fence.token
+        # A copy has its message's parent: Celery would name the task sending it (this very task id) as
+        # the parent of a top-level task's copy, and monitors then list it as its own parent and child.
+        # A header of the send overrides the one Celery computes.
+        sent["parent_id"] = request.parent_id
         signature.options["headers"] = sent
         return signature
 
