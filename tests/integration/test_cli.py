@@ -440,14 +440,15 @@ def test_leases_counts_a_copy_that_completed_or_runs_as_not_lost_and_hides_inter
     listed only with --internal, and not counted by verify."""
     store = cli.store()
     try:
-        for key in ("invoice:completed", "invoice:running", "invoice:lost"):
+        keys = ("invoice:completed", "invoice:running", "invoice:lost", "invoice:released")
+        for key in keys:
             store.acquire(key, "host:9:gone", TTL, _run(key))
             _expire(cli, key, 10000.0)
         for seen in store.abandoned(0.0):
             assert store.recover(seen, 3) == 1  # each one's copy sent
-        copies = {key: store.acquire(key, f"host:7:{key}", TTL, _run(key)) for key in
-                  ("invoice:completed", "invoice:running", "invoice:lost")}  # fmt: skip  # each copy started
+        copies = {key: store.acquire(key, f"host:7:{key}", TTL, _run(key)) for key in keys}  # each started
         store.complete(copies["invoice:completed"], "paid")
+        store.release(copies["invoice:released"])  # that copy raised: it gave the key back
         store.acquire("celery-fence:recoverer", "host:7:elected", TTL)
     finally:
         store.close()
@@ -457,7 +458,8 @@ def test_leases_counts_a_copy_that_completed_or_runs_as_not_lost_and_hides_inter
         "invoice:completed": "1 completed",
         "invoice:running": "1 running",
         "invoice:lost": "1 lost",
+        "invoice:released": "1 released",
     }
     assert "celery-fence:recoverer" in lines(cli("leases", "--internal"))[1]
-    assert cli("verify").stdout == "no violations in 10 events over 3 keys\n"
-    assert cli("verify", "--internal").stdout == "no violations in 11 events over 4 keys\n"
+    assert cli("verify").stdout == "no violations in 14 events over 4 keys\n"
+    assert cli("verify", "--internal").stdout == "no violations in 15 events over 5 keys\n"
