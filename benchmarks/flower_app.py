@@ -52,9 +52,19 @@ def charge(self: Any, invoice_id: int, work: float = 0.5) -> dict[str, Any]:
     return {"invoice_id": invoice_id, "token": self.fence.token}
 
 
+@app.task(
+    base=FencedTask, bind=True, name="shop.refund", fence_key="invoice:{invoice_id}", fence_on_busy="retry"
+)
+def refund(self: Any, invoice_id: int) -> dict[str, Any]:
+    """Waits for a held key (``fence_on_busy="retry"``, the default): RETRY while it looks, then SUCCESS."""
+    _mark(self)
+    return {"invoice_id": invoice_id, "refunded_with": self.fence.token}
+
+
 @app.task(base=FencedTask, bind=True, name="shop.export")
 def export(self: Any, seconds: float) -> str:
-    """A long run that never checks its lease: its row stays FENCE-LOST once the lease is gone."""
+    """A run that never checks its lease: FENCE-LOST once an operator releases it, then its completion is
+    refused with nobody holding the key, so it sends itself again (same id) and that copy ends SUCCESS."""
     _mark(self)
     time.sleep(seconds)
     return "exported"

@@ -1,11 +1,13 @@
-"""Screenshots of a real Flower showing the fence states (``make flower-screenshot``).
+"""Screenshots of what a real Flower keeps of fenced runs once they ended (``make flower-screenshot``).
 
 Starts Flower and two Redis-broker workers with events on (``-E``) for ``benchmarks/flower_app.py``, then
-makes one run in each state: a normal SUCCESS, a duplicate absorbed (``task-fence-duplicate``, shown as
-FENCE-DUPLICATE), a stale run refused (its process SIGSTOPped past the 3 s ttl while a copy takes over,
-then resumed: FENCE-REFUSED) and a lost lease (an admin ``celery fence release`` under a run that never
-checks: FENCE-LOST). Once Flower's ``/api/tasks`` shows every state it takes PNGs of the tasks page and of
-the refused task's page with headless Chromium, into ``docs/img/``.
+makes runs that meet each fence state while they last: a normal SUCCESS, a duplicate absorbed
+(``task-fence-duplicate``: FENCE-DUPLICATE, where it ends), a stale run refused (its process SIGSTOPped past
+the 3 s ttl while a copy of the same id takes over, then resumed: FENCE-REFUSED until the copy's SUCCESS), a
+second task id waiting for a held key (RETRY, then SUCCESS) and a lost lease (an admin ``celery fence
+release`` under a run that never checks: FENCE-LOST, then its completion is refused and the fence sends it
+again: SUCCESS). Once every run has ended in Flower's ``/api/tasks``, it takes PNGs of the tasks page and of
+the re-sent task's page with headless Chromium, into ``docs/img/``.
 
 Needs Redis on 127.0.0.1:6379 (DB 7, flushed; ``FLOWER_SHOT_REDIS`` for another), Flower (the ``flower``
 extra) and ``/usr/bin/chromium``
@@ -110,14 +112,14 @@ def main() -> int:
             procs.append(worker)
             wait_for(lambda w=worker: "ready." in w.text(), 90, f"worker {name}")
         ids = produce(workdir, env)
-        wanted = {"SUCCESS", "FENCE-DUPLICATE", "FENCE-REFUSED", "FENCE-LOST"}
-        try:
-            wait_for(lambda: wanted <= states(url), 60, f"Flower to show {sorted(wanted)}")
+        try:  # the end state: every run ended, in the state Flower keeps
+            wait_for(lambda: ended(url, ids), 120, "every run to end in Flower")
         finally:
             shown = {k: (v.get("name"), v.get("state")) for k, v in (get(f"{url}/api/tasks") or {}).items()}
             print(f"Flower shows: {json.dumps(shown)} (logs in {workdir})")
         IMG.mkdir(parents=True, exist_ok=True)
         screenshot(f"{url}/tasks", IMG / "flower-tasks.png", workdir)
+        screenshot(f"{url}/task/{ids['resent']}", IMG / "flower-resent-task.png", workdir)
         screenshot(f"{url}/task/{ids['refused']}", IMG / "flower-refused-task.png", workdir)
     finally:
         for proc in reversed(procs):
@@ -125,12 +127,16 @@ def main() -> int:
     return 0
 
 
-def states(url: str) -> set[str]:
-    return {t.get("state") for t in (get(f"{url}/api/tasks") or {}).values()}
+ENDS = {"SUCCESS", "FAILURE", "FENCE-DUPLICATE"}  # where this script's runs end, as Flower keeps them
+
+
+def ended(url: str, ids: dict[str, str]) -> bool:
+    tasks = get(f"{url}/api/tasks") or {}
+    return all((tasks.get(task_id) or {}).get("state") in ENDS for task_id in ids.values())
 
 
 def produce(workdir: Path, env: dict[str, str]) -> dict[str, str]:
-    from benchmarks.flower_app import charge, export
+    from benchmarks.flower_app import charge, export, refund
 
     def pid_of(task_id: str) -> int:
         found = wait_for(lambda: list(workdir.glob(f"{task_id}.*.started")), 60, f"{task_id} to start")
@@ -138,26 +144,31 @@ def produce(workdir: Path, env: dict[str, str]) -> dict[str, str]:
 
     ok = charge.apply_async((1,))  # SUCCESS
     ok.get(timeout=60)
-    charge.apply_async((1,)).get(timeout=60)  # a copy of a finished key: its stored result (SUCCESS too)
+    again = charge.apply_async((1,))  # a copy of a finished key: its stored result (SUCCESS too)
+    again.get(timeout=60)
     holder = charge.apply_async((2,), {"work": 4.0})
     pid_of(holder.id)
-    charge.apply_async((2,))  # the key is held: absorbed, FENCE-DUPLICATE
+    duplicate = charge.apply_async((2,))  # the key is held: absorbed, FENCE-DUPLICATE
+    waiter = refund.apply_async((2,))  # fence_on_busy="retry": looks again until the key is done
     holder.get(timeout=60)
 
     stale = charge.apply_async((3,), {"work": 2.0})
     pid = pid_of(stale.id)
     os.kill(pid, signal.SIGSTOP)
     time.sleep(4.0)  # the fault: paused past the 3 s ttl
-    # The broker delivers the same task id again: the copy takes the key over and works on (it is still
-    # running when the screenshots are taken; its SUCCESS would then win the shared row).
-    charge.apply_async((3,), {"work": 60.0}, task_id=stale.id)
+    # The broker delivers the same task id again: the copy takes the key over and works on while the
+    # stale run wakes and tries its write (FENCE-REFUSED); the copy's SUCCESS then ends the shared row.
+    charge.apply_async((3,), {"work": 4.0}, task_id=stale.id)
     wait_for(lambda: len(list(workdir.glob(f"{stale.id}.*.started"))) == 2, 60, "the copy to start")
-    os.kill(pid, signal.SIGCONT)  # the stale run wakes up and tries its write: FENCE-REFUSED
+    os.kill(pid, signal.SIGCONT)
 
-    lost = export.apply_async((300.0,))
+    lost = export.apply_async((5.0,))
     pid_of(lost.id)
     subprocess.run([*CELERY, "fence", "release", lost.id, "--yes"], env=env, cwd=CWD, check=True, timeout=60)
-    return {"success": ok.id, "duplicate_of": holder.id, "refused": stale.id, "lost": lost.id}
+    return {
+        "success": ok.id, "again": again.id, "holder": holder.id, "duplicate": duplicate.id,
+        "waiter": waiter.id, "refused": stale.id, "resent": lost.id,
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import click
 
 from .lease import LeaseState
 
-__all__ = ["VALUE_WIDTH", "count", "iso", "recovery", "seconds", "state", "table", "value"]
+__all__ = ["VALUE_WIDTH", "count", "iso", "recovery", "release_effect", "seconds", "state", "table", "value"]
 
 VALUE_WIDTH = 100  # a result or step value longer than this is cut, with "..."
 
@@ -26,9 +26,26 @@ def state(s: LeaseState) -> str:
     return "live" if s.expires_in > 0 else "expired"
 
 
-def recovery(s: LeaseState) -> str:
-    """Recovery copies: started and lost (they count against fence_max_recoveries), sent not started."""
-    parts = [f"{s.recoveries} lost"] if s.recoveries else []
+def release_effect(s: LeaseState, done: bool = True) -> str:
+    """What ``fence release`` does to a key in state ``s`` (said before it, ``done=False``, and after). It
+    bumps the token and frees the key; a finished key stays finished (``AlreadyDone`` to the next run)."""
+    if s.done:
+        return (
+            "the key is done: nobody holds it, so no run is fenced out, and a new delivery still returns its "
+            "stored result"
+        )
+    if s.expires_in is None:  # released, or marked dead with no lease: no holder to fence out
+        return "nobody holds the key: no run is fenced out; the next delivery acquires it"
+    return "writes with older tokens are refused" if done else "its holder's writes will be refused"
+
+
+def recovery(s: LeaseState, lost: int | None = None, last: str | None = None) -> str:
+    """Recovery copies: started and lost (they count against fence_max_recoveries), the last started one
+    when it was not lost (``last``: running, completed, released), sent and not started. ``lost``: from
+    the key's history (:func:`celery_fence._cli_recovery.lost_copies`), else every started copy."""
+    lost = s.recoveries if lost is None else lost
+    parts = [f"{lost} lost"] if lost else []
+    parts += [f"1 {last}"] if last else []
     parts += [f"{s.recovery_sent} sent, not started"] if s.recovery_sent else []
     return ", ".join(parts) or "-"
 

@@ -5,6 +5,10 @@
 - ``task-fence-refused``: a run's write or completion was refused; the standard ``exception`` field says why.
 - ``task-fence-duplicate``: a delivery found its key held by the same task id, or already done.
 
+What a monitor keeps after the run is the last event's fields merged over the earlier ones' (Celery's
+``events.State``, which Flower uses). So the worker's own end-of-run events of a fenced task
+(:func:`final_fields`) clear what an earlier delivery left and carry what the message says the fence did.
+
 An ordinary run sends none: its key and token are in the store's history (``celery fence show KEY``), and
 an event per run would be one more broker publish per task. Every event carries ``key`` and ``token``.
 Sending never raises: monitoring must not fail a task.
@@ -14,11 +18,13 @@ Sending never raises: monitoring must not fail a task.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
+from ._headers import AWAITED, LOOKS, RECOVERED, RESENDS, WAITS
 from ._runtime import runtime_for
 
-__all__ = ["send_fence_event"]
+__all__ = ["absorbed_because", "final_fields", "send_fence_event"]
 
 log = logging.getLogger(__name__)
 
@@ -35,3 +41,59 @@ def send_fence_event(task: Any, request: Any, kind: str, **fields: Any) -> None:
             dispatcher.send(f"task-fence-{kind}", uuid=request.id, retry=False, retry_policy=policy, **fields)
     except Exception as exc:  # the broker may be down; the task's outcome must not depend on it
         log.warning("could not send task-fence-%s for %s: %s", kind, request.id, exc)
+
+
+def absorbed_because(reason: str, token: int, detail: str | None = None) -> str:
+    """What the log says of an absorbed delivery: the reason word (``done``, ``held``, ``ended``), then what
+    happened in words. A token is named only when the key has one to name: an absorbed delivery that never
+    acquired has none (it was reported as 0)."""
+    if reason == "done":
+        return f"done (the key finished with token {token})" if token else "done (the key is finished)"
+    if reason == "ended":
+        return "ended (this task id already ended: this late copy does not run)"
+    if detail and detail != reason:  # fence_on_busy="ignore": who holds the key
+        return f"{reason} ({detail}; fence_on_busy='ignore')"
+    return f"{reason} (a copy of this task id holds the key: this delivery looks at it again later)"
+
+
+def final_fields(kind: str, headers: Mapping[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields of the worker's ``task-succeeded`` or ``task-failed`` for a fenced task, given the
+    message's ``headers`` (the main process sends these, with what the run returned or raised).
+
+    A ``task-succeeded`` clears ``exception`` and ``traceback``: a monitor keeps those of an earlier
+    delivery of the same task id (a refused write, a busy key's RETRY) on the SUCCESS row otherwise. Both
+    carry ``fence``, what the fence did to this message before it ended (sent again, recovered, waited),
+    when it did anything; a SUCCESS row shows it after the result, since Flower displays no other field."""
+    story = fence_story(headers)
+    if kind == "task-succeeded":
+        fields = {**fields, "exception": None, "traceback": None}
+        if story and isinstance(fields.get("result"), str):
+            fields["result"] = f"{fields['result']}  [fence: {story}]"
+    if story:
+        fields["fence"] = story
+    return fields
+
+
+def fence_story(headers: Mapping[str, Any]) -> str:
+    """What the fence headers of a message say happened to its task id before this delivery."""
+
+    def count(name: str) -> int:
+        value = headers.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    parts = []
+    if count(RECOVERED):
+        parts.append(f"re-sent by recovery (attempt {count(RECOVERED)})")
+    if count(RESENDS):
+        parts.append(f"sent again by the fence {_times(count(RESENDS))}, no retry spent")
+    if count(WAITS):
+        parts.append(f"waited out an unavailable store {_times(count(WAITS))}")
+    if count(LOOKS):
+        parts.append(f"looked again at its held key {_times(count(LOOKS))}")
+    if count(AWAITED):
+        parts.append("waited for the finished run's result to be stored")
+    return "; ".join(parts)
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"

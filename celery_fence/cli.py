@@ -16,9 +16,11 @@ from contextlib import contextmanager
 import click
 
 from . import _cli_format as fmt
+from . import _cli_recovery as recovery
 from ._runtime import runtime_for
 from .config import check_prune_age
 from .errors import FenceError
+from .lease import LeaseState
 from .recovery import load_tasks, recover_abandoned
 from .stores import Store, capabilities_for
 from .stores.base import AdminStore, AuditStore, RecoveryStore, lacking
@@ -108,19 +110,34 @@ def migrate(ctx: click.Context) -> None:
 
 @fence.command()
 @click.option("--all", "show_all", is_flag=True, help="Also list released and finished keys.")
+@click.option("--internal", is_flag=True, help="Also list celery-fence's own keys (celery-fence:...).")
 @click.pass_context
-def leases(ctx: click.Context, show_all: bool) -> None:
+def leases(ctx: click.Context, show_all: bool, internal: bool) -> None:
     """Live and expired leases (and dead keys); --all lists every key."""
     with _store(ctx, needs=(AdminStore,)) as store:
-        states = [s for s in store.leases() if show_all or fmt.state(s) in SHOWN_BY_DEFAULT]
+        states = [
+            s
+            for s in store.leases()
+            if (show_all or fmt.state(s) in SHOWN_BY_DEFAULT) and (internal or not recovery.internal(s.key))
+        ]
+        copies = {s.key: _copies(store, s) for s in states}
     if not states:
         click.echo("no leases" if show_all else "no live or expired leases (--all lists every key)")
         return
     rows = [
-        [s.key, str(s.token), s.owner or "-", fmt.state(s), fmt.seconds(s.expires_in), fmt.recovery(s)]
+        [s.key, str(s.token), s.owner or "-", fmt.state(s), fmt.seconds(s.expires_in), copies[s.key]]
         for s in states
     ]
     fmt.table(["KEY", "TOKEN", "OWNER", "STATE", "EXPIRES_IN", "RECOVERY"], rows)
+
+
+def _copies(store: Store, state: LeaseState) -> str:
+    """The RECOVERY column: a started copy is lost only if its lease expired; the key's history says
+    whether its holder (running, or the run that completed) is the last copy started (one read, and only
+    for a key with started copies that is not expired)."""
+    if not state.recoveries or fmt.state(state) in ("expired", "dead") or lacking(store, AuditStore):
+        return fmt.recovery(state)
+    return fmt.recovery(state, *recovery.lost_copies(state, store.history(state.key)))
 
 
 @fence.command()
@@ -162,24 +179,24 @@ def release(ctx: click.Context, key: str, yes: bool) -> None:
         if not yes:
             click.confirm(
                 f"Release {key!r} ({fmt.state(state)}, token {state.token}, owner {state.owner or '-'})? "
-                "Its holder's writes will be refused",
+                f"{fmt.release_effect(state, done=False).capitalize()}",
                 abort=True,
             )
         token = store.force_release(key)
-    click.echo(
-        f"released {key!r}: token is now {token} (was {state.token}); writes with older tokens are refused"
-    )
-    if state.done:
-        click.echo("the key is finished: a new delivery still returns its stored result")
+    click.echo(f"released {key!r}: token is now {token} (was {state.token}); {fmt.release_effect(state)}")
 
 
 @fence.command(name="verify")
 @click.option("--key", help="Check one key only.")
+@click.option("--internal", is_flag=True, help="Also check celery-fence's own keys (celery-fence:...).")
 @click.pass_context
-def verify_command(ctx: click.Context, key: str | None) -> None:
+def verify_command(ctx: click.Context, key: str | None, internal: bool) -> None:
     """Check the history for fencing violations; exit code 1 if any."""
     with _store(ctx, needs=(AuditStore, AdminStore)) as store:
         events, steps = read_store(store, key)
+    if key is None and not internal:  # the recoverer's election is no run of the user's
+        events = [e for e in events if not recovery.internal(e.key)]
+        steps = {k: v for k, v in steps.items() if not recovery.internal(k)}
     violations = verify(events, steps, scope=token_scope(store))
     for v in violations:
         at = "" if v.event is None else f"  [{fmt.iso(v.event.at)}]"
@@ -239,9 +256,9 @@ def recover(ctx: click.Context, grace: float | None) -> None:
     with _store(ctx, needs=(RecoveryStore,)) as store:
         load_tasks(app)  # as a worker does: its include, imports and autodiscovered modules
         config = runtime_for(app).config
-        report = recover_abandoned(
-            app, store, config.policy.ttl if grace is None else grace, config.max_recoveries
-        )
+        given = config.policy.ttl if grace is None else grace
+        report = recover_abandoned(app, store, given, config.max_recoveries)
+        skipped = recovery.skipped(store, report, given, default_grace=grace is None)
     for key in report.resent:
         unknown = " by name (no such task in this app: left to the workers that know it)"
         click.echo(f"re-sent {key}{unknown if key in report.foreign else ''}")
@@ -249,6 +266,8 @@ def recover(ctx: click.Context, grace: float | None) -> None:
         click.echo(f"gave up on {key} (marked dead; see 'celery fence show {key}')")
     resent, dead = fmt.count(len(report.resent), "run"), fmt.count(len(report.dead), "key")
     click.echo(f"{resent} re-sent, {dead} marked dead")
+    for group in skipped:
+        click.echo(f"{fmt.count(len(group.keys), 'expired lease')} skipped: {group.reason}")
 
 
 def _add_worker_options() -> None:

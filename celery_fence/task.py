@@ -30,7 +30,7 @@ from celery.signals import celeryd_after_setup, celeryd_init, worker_process_shu
 
 from . import _headers
 from ._ending import Ending, Kind
-from ._events import send_fence_event
+from ._events import absorbed_because, send_fence_event
 from ._runinfo import run_info
 from ._runtime import FenceRuntime, runtime_for
 from .errors import FenceError
@@ -110,9 +110,14 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         back at once if this attempt's release does not reach the store."""
         signature = super().signature_from_request(request, *args, **options)
         sent = _headers.lineage(signature.options.get("headers"))
-        fence = getattr(request if request is not None else self.request, "_fence", None)
+        request = request if request is not None else self.request
+        fence = getattr(request, "_fence", None)
         if fence is not None:
             sent[_headers.HANDOFF] = fence.token
+        # A copy has its message's parent: Celery would name the task sending it (this very task id) as
+        # the parent of a top-level task's copy, and monitors then list it as its own parent and child.
+        # A header of the send overrides the one Celery computes.
+        sent["parent_id"] = request.parent_id
         signature.options["headers"] = sent
         return signature
 
@@ -178,8 +183,9 @@ class _Host:
             send_fence_event(task, request, "refused", key=key, token=token, exception=reason)
         elif what == "duplicate":
             reason = fields["reason"]
-            log.info("fence: duplicate delivery of %s absorbed: %s (token %d)", key, reason, token)
             detail = fields.get("detail", reason)
+            why = absorbed_because(reason, token, detail)
+            log.info("fence: duplicate delivery of %s absorbed: %s", key, why)
             send_fence_event(task, request, "duplicate", key=key, token=token, reason=detail)
             lease_duplicate.send(sender=task, reason=reason, **run)
         else:

@@ -33,9 +33,9 @@ A store of your own runs the store contract suite (:mod:`celery_fence.testing.co
 ``fence_contract_harness``, returning a :class:`StoreHarness` (docs/stores.md).
 """
 
-from __future__ import annotations
-
-import pytest
+# No ``from __future__ import annotations`` and no bare ``import pytest``: each would be one more public
+# name of this module (``dir()``, tab completion) next to the kit's own, which are ``__all__``.
+from pytest import Config as _Config
 
 from . import _pytest_plugin
 from ._faults import Worker, free_port, wait_for
@@ -78,7 +78,7 @@ __all__ = [
 PLUGIN_NAME = "celery_fence"  # the entry point's name: what -p no:celery_fence blocks
 
 
-def pytest_configure(config: pytest.Config) -> None:
+def pytest_configure(config: _Config) -> None:
     """This module was loaded as a plugin (``pytest_plugins = ["celery_fence.testing"]``): register the
     fixtures unless the entry point already did; ``-p no:celery_fence`` still keeps them out."""
     manager = config.pluginmanager

@@ -1,5 +1,5 @@
 """The worker's main-process side of a fenced task: when a pool process dies mid-run, release its lease at
-once instead of leaving it to expire by its ttl.
+once instead of leaving it to expire by its ttl; and the end-of-run events monitors keep (Flower).
 
 Celery tells the main process (``WorkerLostError``), not the task. The main process derives the run's key,
 reads the key's state and, if the holder is the dead process (owners are ``host:pid:uuid``), releases it with
@@ -16,6 +16,7 @@ from typing import Any
 from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
 
+from .._events import final_fields
 from .._runtime import runtime_for
 from ..errors import FenceError
 from ..keys import derive_key
@@ -28,6 +29,12 @@ log = logging.getLogger(__name__)
 
 
 class FencedRequest(Request):  # type: ignore[misc]  # celery ships no type information
+    def send_event(self, type: str, **fields: Any) -> None:  # Celery's own signature
+        """The end of a fenced run, as monitors keep it (``_events.final_fields``)."""
+        if type in ("task-succeeded", "task-failed"):
+            fields = final_fields(type, self._request_dict, fields)
+        super().send_event(type, **fields)
+
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
         outcome = super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
         exc = getattr(exc_info.exception, "exc", exc_info.exception)  # billiard wraps it for pickling

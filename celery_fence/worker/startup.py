@@ -98,9 +98,11 @@ def check_worker_at_start(sender: Any = None, instance: Any = None, *, fenced: t
 
 def stop_worker(exc: ConfigurationError) -> NoReturn:
     """Stop a starting worker on a setting that cannot work: one ``CRITICAL`` line, no traceback. Celery's
-    signals swallow exceptions, and a bootstep's would come with a traceback: exit ourselves."""
+    signals swallow exceptions, and a bootstep's would come with a traceback: exit ourselves. The exit
+    carries a status, not the message: Python prints a message given to ``SystemExit`` on stderr, which
+    the worker has by then redirected to its log (a ``WARNING`` copy of the line), or not (a bare copy)."""
     log.critical("celery-fence: %s", exc)
-    raise SystemExit(f"celery-fence: {exc}") from exc
+    raise SystemExit(1) from exc
 
 
 def _log_warnings(warnings: list[str]) -> None:

@@ -207,6 +207,26 @@ def test_release_fences_out_the_holder(cli: Cli, scenario: Scenario) -> None:
         store.close()
 
 
+def test_release_of_a_finished_key_says_that_nothing_is_fenced_out(cli: Cli, scenario: Scenario) -> None:
+    """Issue 27, point 8: a finished key has no holder whose writes could be refused; it stays finished."""
+    asked = cli("release", DONE, stdin="n\n")
+    assert asked.returncode == 1
+    assert "writes will be refused" not in asked.stdout
+    assert "The key is done: nobody holds it, so no run is fenced out" in asked.stdout
+    result = cli("release", DONE, "--yes")
+    assert result.returncode == 0, result.stderr
+    assert lines(result) == [
+        f"released {DONE!r}: token is now {scenario.new.token + 1} (was {scenario.done.token}); the key is "
+        "done: nobody holds it, so no run is fenced out, and a new delivery still returns its stored result"
+    ]
+    store = cli.store()
+    try:
+        state = store.get(DONE)
+        assert state.done and state.result == {"charged": 42}  # what the message says: still finished
+    finally:
+        store.close()
+
+
 def test_verify_passes_a_clean_store_and_names_an_injected_violation(cli: Cli, scenario: Scenario) -> None:
     clean = cli("verify")
     assert clean.returncode == 0, clean.stdout + clean.stderr
@@ -349,3 +369,97 @@ def test_recover_loads_the_apps_included_modules_and_sends_unknown_tasks_by_name
     leases = {row.split()[0]: row for row in lines(cli("leases", app="incapp"))[1:]}
     assert "expired" in leases["foreign"] and "1 sent, not started" in leases["foreign"]
     assert "dead" not in leases["own"]
+
+
+SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the SQLite store's clock
+
+
+def _expire(cli: Cli, key: str, ago: float) -> None:
+    """Move ``key``'s lease expiry to ``ago`` seconds before the store's now (its holder went silent)."""
+    store = cli.store()
+    try:
+        with store.engine.begin() as conn:
+            conn.execute(
+                text(f"UPDATE fence_leases SET expires_at = {SQLITE_NOW} - :ago WHERE key = :k"),
+                {"k": key, "ago": ago},
+            )
+    finally:
+        store.close()
+
+
+def _run(key: str) -> dict[str, Any]:
+    return {"task": "cliapp.charge", "id": key, "args": [1], "kwargs": {}}
+
+
+def test_recover_says_which_expired_leases_it_skipped_and_why(cli: Cli) -> None:
+    """Issue 27, point 5: a pass that re-sends nothing while leases show expired says why: expired less
+    than --grace ago (the default grace is the ttl), or a copy sent earlier has not started yet. The
+    library's own key (the recoverer's, expired too) is never counted."""
+    store = cli.store()
+    try:
+        store.acquire("invoice:old", "host:9:gone", TTL, _run("invoice:old"))
+        store.acquire("celery-fence:recoverer", "host:9:gone", TTL)
+    finally:
+        store.close()
+    _expire(cli, "invoice:old", 10000.0)
+    _expire(cli, "celery-fence:recoverer", 10000.0)
+    first = cli("recover", "--grace", "0")
+    assert lines(first) == ["re-sent invoice:old by name (no such task in this app: left to the workers that "
+                            "know it)", "1 run re-sent, 0 keys marked dead"]  # fmt: skip
+    store = cli.store()
+    try:
+        store.acquire("invoice:new", "host:9:gone", TTL, _run("invoice:new"))
+    finally:
+        store.close()
+    _expire(cli, "invoice:new", 1.0)
+    result = cli("recover", "--grace", "60")
+    assert result.returncode == 0, result.stderr
+    out = lines(result)
+    assert out[0] == "0 runs re-sent, 0 keys marked dead"
+    assert re.fullmatch(
+        r"1 expired lease skipped: expired less than --grace 60s ago; run again after \d\d:\d\d:\d\d UTC or "
+        r"pass --grace 0",
+        out[1],
+    ), out
+    assert re.fullmatch(
+        r"1 expired lease skipped: a copy sent by an earlier pass has not started yet \(queued\): the next "
+        r"is sent no sooner than 1, 1, 2, 4 \.\.\. 32 graces after the last; run again after "
+        r"\d\d:\d\d:\d\d UTC",
+        out[2],
+    ), out
+    assert len(out) == 3
+    default = lines(cli("recover"))  # the default grace: the ttl (30 s)
+    assert default[1].startswith(
+        "1 expired lease skipped: expired less than --grace 30s (the default: the lease ttl) ago; run again"
+    ), default
+
+
+def test_leases_counts_a_copy_that_completed_or_runs_as_not_lost_and_hides_internal_keys(cli: Cli) -> None:
+    """Issue 27, point 6: operating.md's RECOVERY column counts as lost only copies that started and were
+    lost again; a copy that completed the key, or holds it now, is said so. celery-fence's own keys are
+    listed only with --internal, and not counted by verify."""
+    store = cli.store()
+    try:
+        keys = ("invoice:completed", "invoice:running", "invoice:lost", "invoice:released")
+        for key in keys:
+            store.acquire(key, "host:9:gone", TTL, _run(key))
+            _expire(cli, key, 10000.0)
+        for seen in store.abandoned(0.0):
+            assert store.recover(seen, 3) == 1  # each one's copy sent
+        copies = {key: store.acquire(key, f"host:7:{key}", TTL, _run(key)) for key in keys}  # each started
+        store.complete(copies["invoice:completed"], "paid")
+        store.release(copies["invoice:released"])  # that copy raised: it gave the key back
+        store.acquire("celery-fence:recoverer", "host:7:elected", TTL)
+    finally:
+        store.close()
+    _expire(cli, "invoice:lost", 10000.0)  # this copy's worker died too
+    every = {row.split()[0]: row.split(maxsplit=5)[5] for row in lines(cli("leases", "--all"))[1:]}
+    assert every == {
+        "invoice:completed": "1 completed",
+        "invoice:running": "1 running",
+        "invoice:lost": "1 lost",
+        "invoice:released": "1 released",
+    }
+    assert "celery-fence:recoverer" in lines(cli("leases", "--internal"))[1]
+    assert cli("verify").stdout == "no violations in 14 events over 4 keys\n"
+    assert cli("verify", "--internal").stdout == "no violations in 15 events over 5 keys\n"

@@ -10,10 +10,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from celery.events.state import State
 
 from .conftest import Cluster
-from .fenced_app import record
-from .workers import wait_for
+from .fenced_app import record, record_keyed
+from .workers import marks, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -43,6 +44,13 @@ class Events:
 
     def of(self, task_id: str) -> list[str]:
         return [e["type"] for e in list(self.seen) if e.get("uuid") == task_id]
+
+    def state(self) -> State:
+        """What Flower keeps: every event so far through Celery's ``State``, in the order received."""
+        state = State()
+        for event in list(self.seen):
+            state.event(dict(event))
+        return state
 
 
 @pytest.fixture
@@ -78,3 +86,45 @@ def test_a_takeover_publishes_one_task_fence_takeover(cluster: Cluster, events: 
     assert [e["type"] for e in fence_events] == ["task-fence-takeover"]
     assert fence_events[0]["key"] == task_id and fence_events[0]["token"] > silent.token
     assert "expired_for" in fence_events[0]  # seconds, or None where the store does not say (PostgreSQL)
+
+
+def test_flower_keeps_a_requeued_runs_success_without_the_refusal_and_says_the_fence_sent_it_again(
+    cluster: Cluster, events: Events
+) -> None:
+    """Issue 27, point 7: an operator's release under a running task: its write is refused, nobody took the
+    key over, so the run sends itself again (same id) and the copy succeeds. Flower's row (Celery's
+    ``State``) ends SUCCESS with no stale ``exception``, not as its own parent or child, ``retries`` 0 (the
+    fence's re-send spends none), and says in its result that the fence sent it again."""
+    cluster.worker("a")
+    result = record.apply_async(("requeued",), {"pause": 3.0})
+    wait_for(lambda: marks(cluster.workdir, result.id, "started"), 30, "the run to start")
+    cluster.store.force_release(result.id)
+    result.get(timeout=60)
+    wait_for(lambda: "task-succeeded" in events.of(result.id), 30, "task-succeeded")
+    assert "task-fence-refused" in events.of(result.id)  # the refusal was published while it lasted
+    task = events.state().tasks[result.id]
+    assert task.state == "SUCCESS"
+    assert task.exception is None and task.traceback is None
+    assert task.parent_id is None and [child.id for child in task.children] == []
+    assert task.retries == 0
+    assert task.result.endswith("  [fence: sent again by the fence once, no retry spent]"), task.result
+    assert task.fence == "sent again by the fence once, no retry spent"
+
+
+def test_flower_keeps_a_busy_keys_success_without_the_retry_exception(
+    cluster: Cluster, events: Events
+) -> None:
+    """Issue 27, point 7: a second task id of a held key looks again (RETRY, ``LeaseHeld``) until the key is
+    done; its row ends SUCCESS without that exception and says how often it looked."""
+    cluster.worker("a", concurrency=2)
+    holder = record_keyed.apply_async(("busy",), {"pause": 3.0})
+    wait_for(lambda: marks(cluster.workdir, holder.id, "started"), 30, "the holder to start")
+    waiter = record_keyed.apply_async(("busy",))
+    waiter.get(timeout=60)
+    wait_for(lambda: "task-succeeded" in events.of(waiter.id), 30, "task-succeeded")
+    assert "task-retried" in events.of(waiter.id)
+    task = events.state().tasks[waiter.id]
+    assert task.state == "SUCCESS" and task.exception is None and task.traceback is None
+    assert task.parent_id is None and [child.id for child in task.children] == []
+    assert task.retries == 0
+    assert "[fence: looked again at its held key" in task.result

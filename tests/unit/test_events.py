@@ -71,3 +71,30 @@ def test_a_broker_that_does_not_answer_drops_the_event_with_a_log_line(
         send_fence_event(SimpleNamespace(app=app), WORKER_RUN, "refused", key="k", token=3, exception="stale")
     (record,) = [r for r in caplog.records if r.name.startswith("celery_fence")]
     assert record.getMessage().startswith("could not send task-fence-refused for t1: ")
+
+
+@pytest.mark.parametrize(
+    ("reason", "token", "detail", "says"),
+    [
+        ("held", 0, None, "absorbed: held (a copy of this task id holds the key: this delivery looks"),
+        ("held", 0, "lease 'k' is held by w:1:x, expires in 2.0s", "held (lease 'k' is held by w:1:x"),
+        ("ended", 0, None, "absorbed: ended (this task id already ended"),
+        ("done", 0, None, "absorbed: done (the key is finished)"),
+        ("done", 7, None, "absorbed: done (the key finished with token 7)"),
+    ],
+)
+def test_the_log_line_of_an_absorbed_delivery_says_what_happened(
+    caplog: pytest.LogCaptureFixture, reason: str, token: int, detail: str | None, says: str
+) -> None:
+    """Issue 27, point 8: never "held (token 0)": a delivery absorbed before it acquired has no token."""
+    from celery_fence.task import _Host
+
+    task, _ = _task(True)
+    task.name = "shop.charge"
+    host = _Host(task, SimpleNamespace(id="t1", hostname=None, is_eager=True), None)  # type: ignore[arg-type]
+    extra = {} if detail is None else {"detail": detail}
+    with caplog.at_level("INFO", logger="celery_fence.task"):
+        host.report("duplicate", "k", token, reason=reason, **extra)
+    (line,) = [r.getMessage() for r in caplog.records if "absorbed" in r.getMessage()]
+    assert line.startswith("fence: duplicate delivery of k absorbed: ") and says in line
+    assert "token 0" not in line

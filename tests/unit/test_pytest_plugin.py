@@ -184,3 +184,22 @@ def test_a_task_sent_through_an_app_not_under_test_fails_the_test_naming_it(
             "'memory://*')*return that app from a fence_app fixture*"
         ]
     )
+
+
+def test_the_testing_module_exports_only_its_public_names() -> None:
+    """Issue 27, point 8: neither ``pytest`` nor ``annotations`` (the ``__future__`` feature) is a name of
+    ``celery_fence.testing``, in ``dir()`` or through ``import *``; what it shows is ``__all__`` and the
+    two names pytest looks up on a plugin module."""
+    # (pytest's assertion rewriting adds "@py_builtins" and "@pytest_ar" to a plugin module: not names; an
+    # imported submodule such as ``contract`` is an attribute of the package, and public)
+    shown = {
+        name
+        for name in dir(testing)
+        if name.isidentifier()
+        and not name.startswith("_")
+        and not getattr(getattr(testing, name), "__name__", "").startswith("celery_fence.testing.")
+    }
+    assert shown == {*testing.__all__, "PLUGIN_NAME", "pytest_configure"}
+    star: dict[str, object] = {}
+    exec("from celery_fence.testing import *", star)  # what a user's star import gets
+    assert set(star) - {"__builtins__"} == set(testing.__all__)
