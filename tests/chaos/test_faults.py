@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import ALL_STORES, Cluster
+from tests.integration.conftest import ALL_STORES, Cluster, on_rabbitmq
 from tests.integration.fenced_app import chaos, chaos_joined
 from tests.integration.workers import marks, wait_for
 
@@ -31,6 +31,10 @@ BATCH = int(os.environ.get("FENCE_SOAK_BATCH", "4"))
 
 def every_store(*names: str, **options: str) -> list[Any]:
     return [pytest.param({"store": name, **options}, id=name) for name in names or ALL_STORES]
+
+
+# The cases where the broker's redelivery matters also run on RabbitMQ, with one store (issue 27, point 13).
+AND_RABBITMQ = on_rabbitmq()
 
 
 def _batches(runs: int) -> list[int]:
@@ -119,7 +123,7 @@ def test_paused_past_ttl(cluster: Cluster, request: pytest.FixtureRequest) -> No
     assert tally.takeovers >= len(keys) and tally.refused >= len(keys)
 
 
-@pytest.mark.parametrize("cluster", every_store(), indirect=True)
+@pytest.mark.parametrize("cluster", [*every_store(), AND_RABBITMQ], indirect=True)
 def test_killed_mid_body(cluster: Cluster, request: pytest.FixtureRequest) -> None:
     """SIGKILL runs mid-body: acks_late + reject_on_worker_lost redeliver them; the new runs take over."""
     worker = cluster.worker(
@@ -175,7 +179,7 @@ def _reached(points: Path, size: int) -> list[int] | None:
     return pids if len(pids) >= size else None
 
 
-@pytest.mark.parametrize("cluster", every_store(), indirect=True)
+@pytest.mark.parametrize("cluster", [*every_store(), AND_RABBITMQ], indirect=True)
 def test_concurrent_duplicate_deliveries(cluster: Cluster, request: pytest.FixtureRequest) -> None:
     """Every run delivered five times at once, over two workers."""
     cluster.worker("a", concurrency=BATCH)

@@ -1,6 +1,7 @@
-"""Fixtures for real-worker tests: a Redis broker and result backend, a lease store (PostgreSQL by default;
-Redis and etcd through their contract harnesses), a PostgreSQL schema for the tasks' own tables, a queue
-of its own per test, and workers that are always stopped by pid."""
+"""Fixtures for real-worker tests: a Redis broker (or RabbitMQ, asked for by ``broker="rabbitmq"``) and a
+Redis result backend, a lease store (PostgreSQL by default; Redis and etcd through their contract harnesses),
+a PostgreSQL schema for the tasks' own tables, a queue of its own per test, and workers that are always
+stopped by pid."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.contract.harness import HARNESSES, pg_schema_store
 from tests.contract.restartable import restartable_store
 
 from .fenced_app import accounts, ledger
+from .rabbitmq import own_vhost, private_node
 from .workers import Worker, start_worker
 
 STORES = ("postgresql", "redis", "etcd")
@@ -27,11 +29,20 @@ STORES = ("postgresql", "redis", "etcd")
 BROKER_DB = os.environ.get("FENCE_TEST_BROKER_DB", "14")
 BACKEND_DB = os.environ.get("FENCE_TEST_BACKEND_DB", "13")
 ALL_STORES = ("postgresql", "sqlite", "redis", "etcd")
+RABBITMQ = {
+    "broker": "rabbitmq"
+}  # in a cluster's parameters: a RabbitMQ broker, on a vhost of the test's own
 
 
 def on_every_store(**options: str) -> list[Any]:
     """``@pytest.mark.parametrize("cluster", on_every_store(ttl="2"), indirect=True)``."""
     return [pytest.param({"store": name, **options}, id=name) for name in STORES]
+
+
+def on_rabbitmq(store: str = "postgresql", **options: str) -> Any:
+    """The same test on a RabbitMQ broker (a vhost of its own), with one lease store: add it to a
+    parametrization of ``cluster``. ``consumer_timeout`` (ms) runs it on a private node instead."""
+    return pytest.param({"store": store, **RABBITMQ, **options}, id=f"{store}-rabbitmq")
 
 
 @dataclass
@@ -69,6 +80,10 @@ class Cluster:
     def events(self, key: str) -> list[tuple[str, int]]:
         return [(e.event, e.token) for e in self.store.history(key)]
 
+    @property
+    def on_rabbitmq(self) -> bool:
+        return self.env["FENCE_IT_BROKER"].startswith("amqp://")
+
 
 def effects_engine(store: Any, user_db: Engine) -> Engine:
     """Fenced transactions write where the lease rows are: the store's own database when it is SQL."""
@@ -95,6 +110,30 @@ def _lease_store(
         opened.close()
 
 
+@contextlib.contextmanager
+def _broker_url(params: dict[str, str], redis_base: str) -> Iterator[str]:
+    if params.get("broker", "redis") == "redis":
+        yield f"{redis_base}/{BROKER_DB}"
+    elif "consumer_timeout" in params:
+        with private_node(int(params["consumer_timeout"])) as url:
+            yield url
+    else:
+        with own_vhost() as url:
+            yield url
+
+
+def _use_broker(app: Any, url: str) -> None:
+    """Point this process's app at ``url``: its connection and producer pools were made for the broker of
+    an earlier test (Celery keeps them for the app's life), so they go when the broker changes."""
+    if app.conf.broker_url == url:
+        return
+    pool, app._pool = app._pool, None
+    if pool is not None:
+        pool.force_close_all()
+    app.amqp._producer_pool = None
+    app.conf.broker_url = url
+
+
 @pytest.fixture
 def cluster(
     postgres_url: str, redis_server_url: str, tmp_path: Path, request: pytest.FixtureRequest
@@ -109,6 +148,7 @@ def cluster(
         _lease_store(
             params.get("store", "postgresql"), user_db, request, bool(params.get("restartable"))
         ) as (store, server),
+        _broker_url(params, redis_base) as broker_url,
     ):
         store.migrate()
         with effects_engine(store, user_db.engine).begin() as conn:
@@ -120,7 +160,7 @@ def cluster(
         ledger.create(user_db.engine, checkfirst=True)
         queue = f"fence-it-{uuid.uuid4().hex[:8]}"
         env = {
-            "FENCE_IT_BROKER": f"{redis_base}/{BROKER_DB}",
+            "FENCE_IT_BROKER": broker_url,
             "FENCE_IT_BACKEND": f"{redis_base}/{BACKEND_DB}",
             "FENCE_IT_STORE": store.url,
             "FENCE_IT_USER_DB": user_db.url,
@@ -129,8 +169,8 @@ def cluster(
             "FENCE_IT_VISIBILITY": str(visibility),
         }
         app = fenced_app.app
+        _use_broker(app, broker_url)
         app.conf.update(
-            broker_url=env["FENCE_IT_BROKER"],
             result_backend=env["FENCE_IT_BACKEND"],
             task_default_queue=queue,
             fence_store_url=store.url,
@@ -147,6 +187,7 @@ def cluster(
             if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
                 for worker in world.workers:
                     print(f"--- {worker.name} log ---\n{worker.log_text()[-4000:]}")
+            _use_broker(app, f"{redis_base}/{BROKER_DB}")  # no connection left open to a vhost that goes
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

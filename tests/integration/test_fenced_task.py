@@ -1,4 +1,5 @@
-"""FencedTask on real ``celery worker`` processes: Redis broker, PostgreSQL store (docs/guarantees.md "How a run ends")."""
+"""FencedTask on real ``celery worker`` processes: Redis broker (RabbitMQ too, for the duplicates and the
+SIGKILL), PostgreSQL store (docs/guarantees.md "How a run ends")."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import uuid
 
 import pytest
 
-from .conftest import STORES, Cluster, on_every_store
+from .conftest import RABBITMQ, STORES, Cluster, on_every_store, on_rabbitmq
 from .fenced_app import flaky, record, record_keyed, sleeper
 from .workers import marks, wait_for
 
@@ -52,9 +53,19 @@ def test_paused_run_is_refused_after_a_takeover(cluster: Cluster) -> None:
 
 @pytest.mark.parametrize(
     ("cluster", "pool"),
-    [*[({"store": s}, "prefork") for s in STORES], ({}, "threads"), ({}, "solo")],
+    [
+        *[({"store": s}, "prefork") for s in STORES],
+        ({}, "threads"),
+        ({}, "solo"),
+        ({"store": "postgresql", **RABBITMQ}, "prefork"),
+    ],
     indirect=["cluster"],
-    ids=[*[f"{s}-prefork" for s in STORES], "postgresql-threads", "postgresql-solo"],
+    ids=[
+        *[f"{s}-prefork" for s in STORES],
+        "postgresql-threads",
+        "postgresql-solo",
+        "postgresql-prefork-rabbitmq",
+    ],
 )
 def test_concurrent_deliveries_of_one_id_have_one_effect(cluster: Cluster, pool: str) -> None:
     concurrency = 1 if pool == "solo" else 2
@@ -141,7 +152,7 @@ def test_interrupt_stops_a_sleeping_body_once_the_lease_is_lost(cluster: Cluster
     assert result.state in ("PENDING", "STARTED")  # refused: nothing stored in the result backend
 
 
-@pytest.mark.parametrize("cluster", on_every_store(ttl="30"), indirect=True)
+@pytest.mark.parametrize("cluster", [*on_every_store(ttl="30"), on_rabbitmq(ttl="30")], indirect=True)
 def test_a_lost_pool_process_releases_its_lease_at_once(cluster: Cluster) -> None:
     """The worker's main process sees the child die and releases its lease: no wait for the 30 s ttl."""
     cluster.worker("a", concurrency=1)
