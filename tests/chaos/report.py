@@ -14,9 +14,10 @@ from datetime import date
 from pathlib import Path
 
 COLUMNS = ("runs", "takeovers", "refused", "duplicates_absorbed", "lost", "violations")
-# A failover's own counts (PostgreSQL, Redis Cluster): columns only when one of the tallies has them.
+# A failover's own counts (PostgreSQL, Redis Cluster), and the messages a worker killed under load took
+# with it (test_worker_killed_under_load): columns only when one of the tallies has them.
 EXTRA = ("tokens_lost", "reissued", "completions_lost", "ran_again", "forgotten", "rewound", "redone",
-         "tokens_reused", "ledger_wrong")  # fmt: skip
+         "tokens_reused", "ledger_wrong", "no_result", "never_ran", "in_unacked", "vanished")  # fmt: skip
 HEADER = """# Reliability: the fault soak
 
 Every row is one fault on one lease store, on real `celery worker` processes (prefork, Redis broker,
