@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kombu import pools
+from kombu.utils.collections import eqhash
 from sqlalchemy import Engine, text
 
 from tests.contract.harness import HARNESSES, pg_schema_store
@@ -123,13 +125,19 @@ def _broker_url(params: dict[str, str], redis_base: str) -> Iterator[str]:
 
 
 def _use_broker(app: Any, url: str) -> None:
-    """Point this process's app at ``url``: its connection and producer pools were made for the broker of
-    an earlier test (Celery keeps them for the app's life), so they go when the broker changes."""
+    """Point this process's app at ``url``. Celery takes its connection and producer pools from kombu's
+    registry (keyed by the broker's URL) and keeps them for the app's life: drop the app's references, so the
+    next send takes the pools of ``url``. A RabbitMQ vhost or node goes at the end of its test: its pools are
+    closed and taken out of the registry (the Redis broker's stay, for the next test on it)."""
     if app.conf.broker_url == url:
         return
-    pool, app._pool = app._pool, None
-    if pool is not None:
-        pool.force_close_all()
+    if str(app.conf.broker_url).startswith("amqp://"):
+        key = eqhash(app.connection_for_write())
+        for group in (pools.producers, pools.connections):
+            pool = dict.pop(group, key, None)
+            if pool is not None:
+                pool.force_close_all()
+    app._pool = None
     app.amqp._producer_pool = None
     app.conf.broker_url = url
 
