@@ -110,6 +110,26 @@ def _curve(curve: dict[str, Any], cores: Any) -> list[str]:
     return out
 
 
+def _transactions(tx: dict[str, Any] | None) -> list[str]:
+    if not tx:
+        return []
+    s = tx.get("settings", {})
+    each = f"{s.get('rounds')} alternating rounds, {s.get('tasks_per_batch')} tasks per batch"
+    out = [f"### FencedTask writing one row in transaction(): SQLite against PostgreSQL ({each})", ""]
+    head = ["processes (-c)", "SQLite tasks/s", "PostgreSQL tasks/s", "SQLite / PostgreSQL"]
+    rows = [
+        [
+            c,
+            span(tx["sqlite"][c]["tasks_per_s"], "{:.0f}"),
+            span(tx["postgresql"][c]["tasks_per_s"], "{:.0f}"),
+            span(ratio, "{:.2f}"),
+        ]
+        for c, ratio in tx["sqlite_over_postgresql"].items()
+    ]
+    rows.append(["rows written", tx["sqlite"]["rows_written"], tx["postgresql"]["rows_written"], ""])
+    return out + _table(head, rows)
+
+
 def tables(results: dict[str, Any], labels: dict[str, str]) -> str:
     m = results.get("machine", {})
     out = [
@@ -193,6 +213,7 @@ def tables(results: dict[str, Any], labels: dict[str, str]) -> str:
         out += _table(["rows", "median µs", "p99 µs", "fill s"], rows)
     if "curve" in results:
         out += _curve(results["curve"], m.get("cores"))
+    out += _transactions(results.get("transactions"))
     if "targets" in results:
         rows = [
             [t["target"], t["measured"], {True: "met", False: "**missed**", None: "n/a"}[t["met"]]]
