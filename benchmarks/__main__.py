@@ -90,7 +90,8 @@ def _plan(args: argparse.Namespace) -> dict[str, Callable[[], dict[str, Any]]]:
     def transactions() -> dict[str, Any]:
         from . import transactions as m
 
-        return m.run(args.rounds or (1 if quick else 5), args.tasks or (300 if quick else 1200), _log)
+        rounds, tasks = args.rounds or (1 if quick else 5), args.tasks or (300 if quick else 1200)
+        return m.run(rounds, tasks, _log, 2.0 if quick else 5.0)
 
     steps = (throughput, roundtrips, store_ops, renew, takeover, acquire_scaling, curve, transactions)
     plan = dict(zip(MODULES, steps, strict=True))

@@ -127,6 +127,25 @@ def _transactions(tx: dict[str, Any] | None) -> list[str]:
         for c, ratio in tx["sqlite_over_postgresql"].items()
     ]
     rows.append(["rows written", tx["sqlite"]["rows_written"], tx["postgresql"]["rows_written"], ""])
+    out += _table(head, rows)
+    cycles = tx.get("cycles", {})
+    if not cycles:
+        return out
+    cs = cycles.get("settings", {})
+    out += [
+        f"### The same cycle without Celery: latency tail ({cs.get('rounds')} rounds of "
+        f"{cs.get('seconds')} s; medians over rounds, min-max in brackets)",
+        "",
+    ]
+    head = ["processes", "store", "cycles/s", "p50 ms", "p99 ms", "max ms", "slowest 1 s window / median"]
+    formats = {"cycles_per_s": "{:.0f}", "p50_ms": "{:.2f}", "p99_ms": "{:.1f}", "max_ms": "{:.0f}"}
+    formats["slowest_window_over_median"] = "{:.2f}"
+    rows = [
+        [n, kind, *(span(r[f], fmt) for f, fmt in formats.items())]
+        for n, kinds in cycles.items()
+        if n != "settings"
+        for kind, r in kinds.items()
+    ]
     return out + _table(head, rows)
 
 

@@ -7,7 +7,8 @@ to its completion. One ``celery worker -P prefork -c N`` per (store, N), N in 1,
 once, each on a queue of its own; the batch method is :mod:`benchmarks.throughput`'s (publish to a staging
 queue, ``RENAME`` it to the worker's queue, the clock stops when the broker holds no message of the batch).
 In each round every cell gets a batch in turn, the order rotating from round to round; sqlite/postgresql
-is taken per round and N. Effects: every task's row is counted in the user table at the end.
+is taken per round and N. Effects: every task's row is counted in the user table at the end. Then the same
+cycle without Celery, on the same two stores (:mod:`benchmarks.tx_latency`): its latency tail.
 
 On a machine with fewer cores than processes the processes take turns on the cores: what the ratio shows
 is SQLite's serialised writers against PostgreSQL's row locks at equal CPU, not scaling.
@@ -20,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import text
 
+from . import tx_latency
 from .curve import Cell, _rounds
 from .services import drop_redis_keys, pg_schema
 from .stats import ratios, summary
@@ -33,7 +35,7 @@ TABLE_DDL = "CREATE TABLE fence_bench_tx (key VARCHAR(200) PRIMARY KEY, i INTEGE
 QUEUE = "fence_bench.tx"
 
 
-def run(rounds: int, tasks: int, log: Any) -> dict[str, Any]:
+def run(rounds: int, tasks: int, log: Any, cycle_seconds: float = 5.0) -> dict[str, Any]:
     from .bench_app import app
 
     warmup = max(50, tasks // 10)
@@ -45,6 +47,7 @@ def run(rounds: int, tasks: int, log: Any) -> dict[str, Any]:
             "processes": list(PROCESSES),
         }
     }
+    urls: dict[str, str] = {}
     try:
         with contextlib.ExitStack() as stack:
             schema = stack.enter_context(pg_schema("tx"))
@@ -53,8 +56,10 @@ def run(rounds: int, tasks: int, log: Any) -> dict[str, Any]:
             for kind in STORES:
                 lease = stack.enter_context(lease_store(kind, schema))
                 stores[kind] = store = stack.enter_context(opened(lease.url))
+                urls[kind] = lease.url
                 with store.engine.begin() as conn:
                     conn.execute(text(TABLE_DDL))
+                tx_latency.prepare(store)
                 cells[kind] = []
                 for c in PROCESSES:
                     queue = f"{QUEUE}.{kind}.c{c}"
@@ -72,6 +77,7 @@ def run(rounds: int, tasks: int, log: Any) -> dict[str, Any]:
                 str(c): summary(ratios(sq.rates, pg.rates))
                 for c, sq, pg in zip(PROCESSES, cells["sqlite"], cells["postgresql"], strict=True)
             }
+            out["cycles"] = tx_latency.run(urls, min(rounds, 3), cycle_seconds, log)
     finally:
         drop_redis_keys(STAGE, f"{QUEUE}.*", f"_kombu.binding.{QUEUE}.*")
     return out
