@@ -23,7 +23,16 @@ from .deps import ensure_bench_extra
 from .stores import STORES
 
 HERE = Path(__file__).resolve().parent
-MODULES = ("throughput", "roundtrips", "store_ops", "renew", "takeover", "acquire_scaling", "curve")
+MODULES = (
+    "throughput",
+    "roundtrips",
+    "store_ops",
+    "renew",
+    "takeover",
+    "acquire_scaling",
+    "curve",
+    "transactions",
+)
 
 
 def _log(message: str) -> None:
@@ -78,7 +87,13 @@ def _plan(args: argparse.Namespace) -> dict[str, Callable[[], dict[str, Any]]]:
 
         return m.run(args.rounds or (1 if quick else 5), args.tasks or (300 if quick else 1200), _log)
 
-    steps = (throughput, roundtrips, store_ops, renew, takeover, acquire_scaling, curve)
+    def transactions() -> dict[str, Any]:
+        from . import transactions as m
+
+        rounds, tasks = args.rounds or (1 if quick else 5), args.tasks or (300 if quick else 1200)
+        return m.run(rounds, tasks, _log, 2.0 if quick else 5.0)
+
+    steps = (throughput, roundtrips, store_ops, renew, takeover, acquire_scaling, curve, transactions)
     plan = dict(zip(MODULES, steps, strict=True))
     return {name: plan[name] for name in args.only}
 

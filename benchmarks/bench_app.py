@@ -25,6 +25,7 @@ from celery import Celery
 from celery.exceptions import Ignore
 from celery.signals import worker_ready
 from celery_once import QueueOnce
+from sqlalchemy import text
 
 from celery_fence import FencedTask
 
@@ -89,6 +90,17 @@ def handwritten_autocommit(self: Any, i: int, tag: str) -> Any:
 
 @app.task(name="bench.fenced", base=FencedTask, bind=True)
 def fenced(self: Any, i: int, tag: str) -> Any:
+    return work(i)
+
+
+@app.task(name="bench.fenced_tx", base=FencedTask, bind=True)
+def fenced_tx(self: Any, i: int, tag: str) -> Any:
+    """FencedTask writing one row in the run's transaction (:mod:`benchmarks.transactions`): the table is in
+    the lease store's database, and the row commits with the completion."""
+    with self.fence.transaction() as conn:
+        conn.execute(
+            text("INSERT INTO fence_bench_tx (key, i) VALUES (:key, :i)"), {"key": self.request.id, "i": i}
+        )
     return work(i)
 
 

@@ -54,7 +54,18 @@ def figures(results: dict[str, Any]) -> dict[str, Any]:
         if isinstance(r, dict):
             flat[f"acquire_scaling/{size}_rows/median_us"] = r["median_us"]
             flat[f"acquire_scaling/{size}_rows/p99_us"] = r["p99_us"]
-    return flat | _curve(results.get("curve", {}))
+    return flat | _curve(results.get("curve", {})) | _transactions(results.get("transactions", {}))
+
+
+def _transactions(tx: dict[str, Any]) -> dict[str, Any]:
+    """FencedTask with a fenced transaction, SQLite against PostgreSQL, at each process count."""
+    flat: dict[str, Any] = {}
+    for store in ("sqlite", "postgresql"):
+        for c, r in _stores(tx.get(store)):
+            flat[f"transactions/{store}/{c}_processes/tasks_per_s"] = _mm(r["tasks_per_s"])
+    for c, r in _stores(tx.get("sqlite_over_postgresql")):
+        flat[f"transactions/{c}_processes/sqlite_over_postgresql"] = _mm(r)
+    return flat
 
 
 def _curve(curve: dict[str, Any]) -> dict[str, Any]:
@@ -158,6 +169,10 @@ def summary_text(results: dict[str, Any], elapsed: float) -> str:
         lines.append(f"  curve: fenced/plain by worker processes: {text}")
     if "store_size" in curve:
         lines.append(f"  curve: 100,000 keys / empty store: {span(curve['store_size']['full_over_empty'])}")
+    tx = results.get("transactions", {}).get("sqlite_over_postgresql")
+    if tx:
+        text = ", ".join(f"{c} {span(r, '{:.2f}')}" for c, r in tx.items())
+        lines.append(f"  transactions: sqlite/postgresql by worker processes: {text}")
     for t in results.get("targets", []):
         mark = {True: "MET   ", False: "MISSED", None: "n/a   "}[t["met"]]
         lines.append(f"  [{mark}] {t['target']}: {t['measured']}")

@@ -110,6 +110,45 @@ def _curve(curve: dict[str, Any], cores: Any) -> list[str]:
     return out
 
 
+def _transactions(tx: dict[str, Any] | None) -> list[str]:
+    if not tx:
+        return []
+    s = tx.get("settings", {})
+    each = f"{s.get('rounds')} alternating rounds, {s.get('tasks_per_batch')} tasks per batch"
+    out = [f"### FencedTask writing one row in transaction(): SQLite against PostgreSQL ({each})", ""]
+    head = ["processes (-c)", "SQLite tasks/s", "PostgreSQL tasks/s", "SQLite / PostgreSQL"]
+    rows = [
+        [
+            c,
+            span(tx["sqlite"][c]["tasks_per_s"], "{:.0f}"),
+            span(tx["postgresql"][c]["tasks_per_s"], "{:.0f}"),
+            span(ratio, "{:.2f}"),
+        ]
+        for c, ratio in tx["sqlite_over_postgresql"].items()
+    ]
+    rows.append(["rows written", tx["sqlite"]["rows_written"], tx["postgresql"]["rows_written"], ""])
+    out += _table(head, rows)
+    cycles = tx.get("cycles", {})
+    if not cycles:
+        return out
+    cs = cycles.get("settings", {})
+    out += [
+        f"### The same cycle without Celery: latency tail ({cs.get('rounds')} rounds of "
+        f"{cs.get('seconds')} s; medians over rounds, min-max in brackets)",
+        "",
+    ]
+    head = ["processes", "store", "cycles/s", "p50 ms", "p99 ms", "max ms", "slowest 1 s window / median"]
+    formats = {"cycles_per_s": "{:.0f}", "p50_ms": "{:.2f}", "p99_ms": "{:.1f}", "max_ms": "{:.0f}"}
+    formats["slowest_window_over_median"] = "{:.2f}"
+    rows = [
+        [n, kind, *(span(r[f], fmt) for f, fmt in formats.items())]
+        for n, kinds in cycles.items()
+        if n != "settings"
+        for kind, r in kinds.items()
+    ]
+    return out + _table(head, rows)
+
+
 def tables(results: dict[str, Any], labels: dict[str, str]) -> str:
     m = results.get("machine", {})
     out = [
@@ -193,6 +232,7 @@ def tables(results: dict[str, Any], labels: dict[str, str]) -> str:
         out += _table(["rows", "median µs", "p99 µs", "fill s"], rows)
     if "curve" in results:
         out += _curve(results["curve"], m.get("cores"))
+    out += _transactions(results.get("transactions"))
     if "targets" in results:
         rows = [
             [t["target"], t["measured"], {True: "met", False: "**missed**", None: "n/a"}[t["met"]]]

@@ -204,7 +204,7 @@ def _check(ctx: dict[str, Any], variant: str, tag: str, ids: list[str]) -> tuple
     picks = random.sample(range(len(ids)), min(SAMPLE, len(ids)))
     if variant in ("plain", "celery_once"):
         return 0, 0
-    if variant == "fenced":
+    if variant in ("fenced", "fenced_tx"):
         states = [ctx["store"].get(ids[i]) for i in picks]
         return sum(1 for s in states if s is not None and s.done), len(picks)
     if variant in ("fencekit_redis", "fencekit_celery"):

@@ -29,6 +29,8 @@ class StoreHarness:
     ``celery_fence.stores`` entry point), so the token race runs in processes, else in threads on the one
     store. ``token_scope(key)``: the keys whose tokens one counter orders (the whole store by default; a
     Redis Cluster's slot). ``marks``: pytest marks for a parametrized fixture's ``pytest.param``.
+    ``near_the_top(store, left)``: set the store's counter ``left`` tokens below 2**53 - 1 where its own
+    ``advance`` refuses to (etcd keeps headroom for the revisions still to come); ``None``: by ``advance``.
     """
 
     name: str
@@ -38,3 +40,4 @@ class StoreHarness:
     multiprocess: bool = True
     marks: tuple[Any, ...] = ()
     token_scope: Callable[[str], object] = _one_scope
+    near_the_top: Callable[[Any, int], None] | None = None

@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
+from celery_fence.lease import MAX_TOKEN
 from celery_fence.stores.etcd import EtcdStore
-from celery_fence.stores.etcd.gateway import delete
+from celery_fence.stores.etcd.gateway import delete, put
 from celery_fence.testing import free_port
 
 from .harness import Harness, end_process
@@ -168,4 +169,16 @@ def _expire(store: Any) -> None:
     store.etcd_leases.revoke_all()
 
 
-HARNESS = Harness("etcd", _open, _expire, expired_lease_survives=False, multiprocess=True)
+def near_the_top(store: EtcdStore, left: int) -> None:
+    """The token offset moved as ``advance`` would, past its headroom check (2**32 below the top, which only
+    2**32 more revisions would cross): the next revision's token is ``left`` below 2**53 - 1."""
+    space = store.space
+    revision, epochs = space.read([]).revision, space.epochs
+    _, value = epochs.advanced(MAX_TOKEN - left - (revision + 1) - epochs.offset)
+    assert space.gw.txn([space.offset_is(epochs)], [put(space.offset_key, value)]).succeeded
+    space.read([])  # the store's cached epochs: the new one
+
+
+HARNESS = Harness(
+    "etcd", _open, _expire, expired_lease_survives=False, multiprocess=True, near_the_top=near_the_top
+)

@@ -24,7 +24,7 @@ import pytest
 from celery_fence.testing import wait_for
 
 from .harness import Harness
-from .harness_etcd import PORT_TRIES, EtcdServer, PortTaken, once_per_session, open_store_at
+from .harness_etcd import PORT_TRIES, EtcdServer, PortTaken, near_the_top, once_per_session, open_store_at
 
 SIZE = 3
 
@@ -125,5 +125,10 @@ def _expire(store: Any) -> None:
 
 
 HARNESS = Harness(
-    "etcd_cluster", _open, _expire, expired_lease_survives=False, marks=(pytest.mark.etcd_cluster,)
+    "etcd_cluster",
+    _open,
+    _expire,
+    expired_lease_survives=False,
+    marks=(pytest.mark.etcd_cluster,),
+    near_the_top=near_the_top,
 )

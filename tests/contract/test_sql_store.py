@@ -445,15 +445,38 @@ def test_a_connection_lost_in_the_callers_statements_is_the_store_unavailable(
         assert conn.execute(text(f"SELECT count(*) FROM {pg_effects}")).scalar() == 0  # nothing committed
 
 
-def _sessions(store: SQLStore) -> set[int]:
-    """The server sessions behind ``store``'s held connection and a pooled one of each engine."""
+# A connection's identity: its server session on PostgreSQL; on SQLite (no server) a random id kept in a
+# TEMP table, which exists on that one connection only (made on first sight, read back afterwards).
+_PG_ID = "SELECT CAST(pg_backend_pid() AS TEXT)"
+_SQLITE_ID = (
+    "CREATE TEMP TABLE IF NOT EXISTS fence_test_conn_id AS SELECT hex(randomblob(8)) AS id",
+    "SELECT id FROM fence_test_conn_id",
+)
+
+
+def _dbapi_identity(store: SQLStore, dbapi_conn: Any) -> str:
+    if store.dialect == "postgresql":
+        return str(dbapi_conn.info.backend_pid)
+    dbapi_conn.execute(_SQLITE_ID[0])
+    return str(dbapi_conn.execute(_SQLITE_ID[1]).fetchone()[0])
+
+
+def _identity(store: SQLStore, conn: Any) -> str:
+    if store.dialect == "postgresql":
+        return str(conn.execute(text(_PG_ID)).scalar())
+    conn.execute(text(_SQLITE_ID[0]))
+    return str(conn.execute(text(_SQLITE_ID[1])).scalar())
+
+
+def _sessions(store: SQLStore) -> set[str]:
+    """The connections behind ``store``'s held connection and a pooled one of each engine."""
     store.renew([store.acquire(f"probe-{os.getpid()}", "p", TTL)], TTL)  # the held connection, in use
     held = store.db._hot._held
     assert held is not None
-    found = {held[0].dbapi_connection.info.backend_pid}  # type: ignore[union-attr]
+    found = {_dbapi_identity(store, held[0].dbapi_connection)}
     for engine in (store.engine, store.autocommit_engine):
-        with engine.connect() as conn:
-            found.add(conn.execute(text("SELECT pg_backend_pid()")).scalar())
+        with engine.begin() as conn:  # committed: SQLite's TEMP table outlives the transaction
+            found.add(_identity(store, conn))
     return found
 
 
@@ -462,16 +485,17 @@ def _child_sessions(store: SQLStore, out: Any) -> None:
     store.close()  # must leave the parent's connections alone
 
 
-def test_a_forked_child_never_talks_on_the_parents_connections(pg: SQLStore) -> None:
-    """A store used across fork: the child opens its own sessions (for the held connection and both
-    pools) instead of writing on the parent's sockets, and closing it there leaves the parent's alone."""
-    parent = _sessions(pg)
+def test_a_forked_child_never_talks_on_the_parents_connections(sql: SQLStore) -> None:
+    """A store used across fork: the child opens its own connections (for the held connection and both
+    pools) instead of using the parent's (on PostgreSQL its sockets; on SQLite its file handles and
+    locks, which SQLite forbids carrying across fork), and closing it there leaves the parent's alone."""
+    parent = _sessions(sql)
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
-    child = ctx.Process(target=_child_sessions, args=(pg, out))
+    child = ctx.Process(target=_child_sessions, args=(sql, out))
     child.start()
     theirs = set(out.get(timeout=30))
     child.join(30)
     assert child.exitcode == 0
-    assert len(theirs) == 3 and not theirs & parent
-    assert _sessions(pg) == parent  # the parent's connections are still there and work
+    assert len(parent) == 3 and len(theirs) == 3 and not theirs & parent
+    assert _sessions(sql) == parent  # the parent's connections are still there and work

@@ -1,0 +1,103 @@
+"""Fenced-transaction cycles without Celery: where SQLite's one writer shows (issue 27.9).
+
+N processes (spawned, one store each) run the cycle of a FencedTask that writes one row in its transaction,
+back to back for a fixed time on one store: acquire, the run's transaction (the guard and one ``INSERT``),
+the completion that commits it. Each cycle's latency is recorded, and the cycles each process finished in
+every 1 s window. SQLite and PostgreSQL alternate within each round, on the same cycle.
+
+SQLite has no queue for its write lock: a writer that finds it taken sleeps in SQLite's busy handler
+(1, 2, 5, 10 ... then 100 ms between tries) and may lose every try to the writers that come back sooner.
+The tail (p99, max) and the slowest windows show it; the median does not.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+import uuid
+from typing import Any
+
+from sqlalchemy import text
+
+from .stats import percentile, summary
+
+PROCESSES = (2, 4)
+TABLE_DDL = "CREATE TABLE fence_bench_cycles (key VARCHAR(64) NOT NULL)"
+
+
+def prepare(store: Any) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(text(TABLE_DDL))
+
+
+def _cycles(url: str, seconds: float, ready: Any, start: Any, out: Any) -> None:
+    from celery_fence import open_store
+    from celery_fence.fence import Fence
+
+    store = open_store(url)
+    insert = text("INSERT INTO fence_bench_cycles (key) VALUES (:k)")
+    latencies, windows, in_window = [], [], 0
+    ready.put(True)  # imported and opened: what is measured starts together
+    start.wait()
+    began = window = time.monotonic()
+    while time.monotonic() - began < seconds:
+        sent = time.monotonic()
+        key = uuid.uuid4().hex
+        fence = Fence(store, store.acquire(key, "w", 30.0), None, 30.0)
+        with fence.transaction() as conn:
+            conn.execute(insert, {"k": key})
+        fence.commit("ok")
+        now = time.monotonic()
+        latencies.append(now - sent)
+        in_window += 1
+        if now - window >= 1.0:
+            windows.append(in_window)
+            in_window, window = 0, now
+    store.close()
+    out.put((latencies, windows))
+
+
+def measure(url: str, processes: int, seconds: float) -> dict[str, Any]:
+    """One fixed-time run of ``processes`` processes on ``url``."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_cycles, args=(url, seconds, ready, start, out)) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    start.set()
+    reports = [out.get(timeout=seconds + 120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    latencies = sorted(v for lat, _ in reports for v in lat)
+    windows = [w for _, ws in reports for w in ws]
+    return {
+        "cycles_per_s": len(latencies) / seconds,
+        "p50_ms": percentile(latencies, 50) * 1000,
+        "p99_ms": percentile(latencies, 99) * 1000,
+        "max_ms": latencies[-1] * 1000,
+        "slowest_window_over_median": min(windows) / percentile(windows, 50),
+    }
+
+
+def run(urls: dict[str, str], rounds: int, seconds: float, log: Any) -> dict[str, Any]:
+    """``urls``: a prepared store per kind. Per process count and kind: each figure's median over rounds."""
+    out: dict[str, Any] = {"settings": {"rounds": rounds, "seconds": seconds, "processes": list(PROCESSES)}}
+    for n in PROCESSES:
+        runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in urls}
+        for r in range(rounds):
+            order = list(urls) if r % 2 == 0 else list(reversed(urls))
+            for kind in order:
+                runs[kind].append(measure(urls[kind], n, seconds))
+            line = ", ".join(
+                f"{k} {runs[k][-1]['cycles_per_s']:.0f}/s p99 {runs[k][-1]['p99_ms']:.1f} ms "
+                f"max {runs[k][-1]['max_ms']:.0f} ms"
+                for k in urls
+            )
+            log(f"  cycles, {n} processes, round {r + 1}/{rounds}: {line}")
+        out[str(n)] = {
+            kind: {figure: summary([m[figure] for m in ms], 2) for figure in ms[0]}
+            for kind, ms in runs.items()
+        }
+    return out
