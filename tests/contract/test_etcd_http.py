@@ -123,10 +123,9 @@ def test_a_read_timeout_is_unavailable_and_not_asked_again(scripted: Any) -> Non
     server = scripted(["answer", "hang"])
     gw = Gateway(server.url, timeout=(1.0, 0.3))
     gw.txn([], READ)
-    started = time.monotonic()
     with pytest.raises(StoreUnavailable, match="TimeoutError"):
         gw.txn([], READ)
-    assert time.monotonic() - started < 2 and len(server.received) == 2
+    assert len(server.received) == 2
 
 
 def test_a_complete_whose_answer_is_lost_is_unavailable_and_committed_once(
