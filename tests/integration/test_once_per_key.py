@@ -1,9 +1,9 @@
 """Exactly once per key when an attempt wrote and then did not complete (issue "exactly once per key").
 
-The writes of ``self.fence.transaction()`` commit together with the run's completion (docs/guarantees.md "The rule of `transaction()`"): an
-attempt that wrote and then called ``self.retry()``, raised into ``autoretry_for``, was SIGKILLed, or
-returned a value its result codec cannot carry leaves none of its writes. Real workers, PostgreSQL and
-SQLite lease stores (the two that hold the user's tables).
+The writes of ``self.fence.transaction()`` commit together with the run's completion (docs/guarantees.md
+"The rule of `transaction()`"): an attempt that wrote and then called ``self.retry()``, raised into
+``autoretry_for``, was SIGKILLed, or returned a value its result codec cannot carry leaves none of its
+writes. Real workers, PostgreSQL and SQLite lease stores (the two that hold the user's tables).
 """
 
 from __future__ import annotations
