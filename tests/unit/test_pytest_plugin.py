@@ -203,3 +203,25 @@ def test_the_testing_module_exports_only_its_public_names() -> None:
     star: dict[str, object] = {}
     exec("from celery_fence.testing import *", star)  # what a user's star import gets
     assert set(star) - {"__builtins__"} == set(testing.__all__)
+
+
+def test_the_app_under_test_gets_its_settings_and_the_current_app_back() -> None:
+    """What ``fence_app`` promises after each test: the user's app is on its own settings again (a setting
+    it never had is gone), and the current app is the one before."""
+    from celery import current_app
+
+    from celery_fence.testing._app_under_test import app_under_test
+
+    app = Celery("own", broker="redis://127.0.0.1:9/3", backend="redis://127.0.0.1:9/4", set_as_current=False)
+    app.conf.fence_lease_ttl = 30
+    before = current_app._get_current_object()
+    with app_under_test(app, {"fence_store_url": "memory://", "fence_lease_ttl": 3}):
+        assert current_app._get_current_object() is app
+        assert (app.conf.broker_url, app.conf.result_backend) == ("memory://", "cache+memory://")
+        assert (app.conf.fence_lease_ttl, app.conf.fence_store_url) == (3, "memory://")
+    assert current_app._get_current_object() is before
+    assert (app.conf.broker_url, app.conf.result_backend) == (
+        "redis://127.0.0.1:9/3",
+        "redis://127.0.0.1:9/4",
+    )
+    assert app.conf.fence_lease_ttl == 30 and "fence_store_url" not in app.conf
