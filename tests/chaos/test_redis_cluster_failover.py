@@ -69,7 +69,7 @@ def _ids_on(cluster: Cluster, primary: RedisServer, count: int) -> list[str]:
     with cluster.server.client() as client:
         while len(ids) < count:
             task_id = str(uuid.uuid4())
-            if client.get_node_from_key(cluster.store._k("lease", task_id)).port == primary.port:
+            if client.get_node_from_key(cluster.store._names.name_of("lease", task_id)).port == primary.port:
                 ids.append(task_id)
     return ids
 
@@ -79,7 +79,7 @@ def _read(node: RedisServer, store: Any, keys: list[str]) -> tuple[dict[str, int
     counters, finished, known = {}, set(), set()
     with node.client() as client:
         for key in keys:
-            name, tag = store._k("lease", key), slot_tag(store._k("lease", key))
+            name, tag = store._names.name_of("lease", key), slot_tag(store._names.name_of("lease", key))
             try:
                 counters[tag] = int(client.get(f"{store.prefix}counter:{{{tag}}}") or 0)
                 if client.exists(name):
@@ -136,7 +136,7 @@ def test_a_primary_killed_and_its_replica_promoted_mid_run(cluster: Cluster, rem
     for size in _batches(RUNS):
         early = _send(cluster.queue, size, pause=1.0)
         wait_for(lambda early=early: _all_started(cluster, early), 60, "the runs to start")
-        primary, replica = _pair(servers, [store._k("lease", k) for k in early])
+        primary, replica = _pair(servers, [store._names.name_of("lease", k) for k in early])
         late = _ids_on(cluster, primary, size)
         os.kill(replica.process.pid, signal.SIGSTOP)  # the replica falls behind...
         with primary.client() as client:
@@ -166,7 +166,7 @@ def test_a_primary_killed_and_its_replica_promoted_mid_run(cluster: Cluster, rem
         keys += batch
         _rejoin(servers, primary)
     for event in store.history():
-        ranges = lost_ranges.get(slot_tag(store._k("lease", event.key)), [])
+        ranges = lost_ranges.get(slot_tag(store._names.name_of("lease", event.key)), [])
         if event.event in ISSUED and any(low < event.token <= high for low, high in ranges):
             counts["reissued"] += 1
     counts["forgotten"] = len(forgotten)

@@ -10,6 +10,8 @@ from redis.crc import key_slot
 
 from celery_fence import ConfigurationError, StoreUnavailable, open_store
 from celery_fence.stores.redis import RedisStore
+from celery_fence.stores.redis.cluster import Cluster
+from celery_fence.stores.redis.server import OneServer
 from celery_fence.testing import free_port
 from celery_fence.testing.contract.checks import TTL
 
@@ -34,10 +36,11 @@ def test_bad_cluster_urls_are_refused_at_once_without_the_secret(url: str) -> No
 
 def test_a_cluster_url_names_every_node_and_selects_cluster_mode() -> None:
     store = RedisStore("rediss://u:p@a.example:7000,b.example/0?cluster=yes&prefix=shop:")
-    assert (store._nodes, store.prefix, store._target) == (
+    assert isinstance(store._layout, Cluster)
+    assert (store._layout.nodes, store.prefix, store._layout.target) == (
         [("a.example", 7000), ("b.example", 6379)], "shop:", "rediss://u:p@a.example:7000"
     )
-    assert RedisStore("redis://a.example:7000/0?cluster=false")._nodes is None
+    assert isinstance(RedisStore("redis://a.example:7000/0?cluster=false")._layout, OneServer)
 
 
 @pytest.fixture
@@ -64,8 +67,8 @@ def test_every_name_is_in_the_slot_of_its_key_and_none_is_store_wide(cluster_sto
     per_key = [n for n in names if n not in counters]
     assert per_key and all("{=" in n for n in per_key)  # lease, history: each tagged by its key
     for key in keys:  # a key's names and its slot's counter share one slot, so a script may touch them all
-        slot = key_slot(store._k("lease", key).encode())
-        assert key_slot(store._k("history", key).encode()) == slot == store.token_scope(key)
+        slot = key_slot(store._names.name_of("lease", key).encode())
+        assert key_slot(store._names.name_of("history", key).encode()) == slot == store.token_scope(key)
     assert len(counters) <= 2 * len(keys)  # at most a counter and a high token per slot used
 
 
