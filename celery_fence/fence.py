@@ -7,12 +7,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from . import codec
 from .errors import ConfigurationError, LeaseLost, StoreUnavailable
 from .lease import Lease
-from .stores.base import Store
+from .stores.base import FencedConnectionStore, RunTransactionHandle, Store
 from .stores.capabilities import capabilities_of
 
 __all__ = ["Fence", "Heartbeat"]
@@ -50,7 +50,7 @@ class Fence:
         self._lost: str | None = None
         self._steps: dict[str, Any] | None = None
         self._lost_event = threading.Event()
-        self._run_tx: Any = None  # the run's open transaction (SQL stores), from its first transaction()
+        self._run_tx: RunTransactionHandle | None = None  # from the run's first transaction() (SQL stores)
 
     @property
     def key(self) -> str:
@@ -137,7 +137,7 @@ class Fence:
             if self._heartbeat is not None:
                 self._heartbeat.unpin(self.lease)
 
-    def _open_run_transaction(self) -> Any:
+    def _open_run_transaction(self) -> RunTransactionHandle:
         run_tx = self._run_tx
         if run_tx is not None and not run_tx.open:
             if run_tx.lost_work:  # earlier blocks were undone with it: going on would commit half a run
@@ -197,14 +197,14 @@ class Fence:
         self._steps[name] = copy.deepcopy(value)
         return value
 
-    def _sql_store(self) -> Any:
+    def _sql_store(self) -> FencedConnectionStore:
         if not capabilities_of(self.store).transactions:
             raise ConfigurationError(
                 f"this needs a SQL lease store, not {self.store.url.split('://')[0]}://; "
                 "use celery_fence.fenced_update(conn, table, values, where, self.fence.token) on your own "
                 "database instead"
             )
-        return self.store
+        return cast(FencedConnectionStore, self.store)  # what a store declaring transactions implements
 
     def __repr__(self) -> str:
         state = f"lost: {self._lost}" if self._lost else "held"

@@ -23,7 +23,6 @@ __all__ = [
     "Store",
     "capabilities_for",
     "capabilities_of",
-    "check_store_url",
     "open_store",
     "store_class",
 ]
@@ -66,12 +65,6 @@ def store_class(url: object) -> Any:
     if check is not None:
         check(str(url))
     return cls
-
-
-def check_store_url(url: object) -> None:
-    """Refuse, without connecting, what ``open_store(url)`` would refuse before its first round trip (the
-    worker's startup check calls it)."""
-    store_class(url)
 
 
 def capabilities_for(url: str) -> Capabilities:

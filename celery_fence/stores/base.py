@@ -20,6 +20,7 @@ __all__ = [
     "FencedConnectionStore",
     "RecoveryStore",
     "RunStore",
+    "RunTransactionHandle",
     "Store",
     "lacking",
 ]
@@ -175,6 +176,30 @@ def lacking(store: object, role: type) -> list[str]:
     return [name for name in wanted if not callable(getattr(store, name, None))]
 
 
+class RunTransactionHandle(Protocol):
+    """A run's open transaction (``stores.sql.run.RunTransaction``), as the run's handle uses it."""
+
+    @property
+    def open(self) -> bool:
+        """Whether it can still take blocks: ``False`` once committed, rolled back or lost."""
+
+    @property
+    def lost_work(self) -> bool:
+        """It ended with earlier blocks' writes undone: the run cannot go on."""
+
+    def block(self) -> AbstractContextManager[Any]:
+        """One ``transaction()`` block, yielding the SQLAlchemy ``Connection``: undone alone if it raises."""
+
+    def save_step(self, name: str, value: Any) -> None:
+        """Record step ``name`` in this transaction: it commits with the run's completion."""
+
+    def complete(self, result: Any) -> None:
+        """Store the result, mark the key done and release the lease in this transaction, then commit."""
+
+    def close(self) -> None:
+        """End the transaction; whatever was not committed is rolled back. Idempotent."""
+
+
 @runtime_checkable
 class FencedConnectionStore(Store, Protocol):
     """A store whose lease rows live in a SQL database the user's tables can share."""
@@ -191,7 +216,7 @@ class FencedConnectionStore(Store, Protocol):
     def insert_step(self, conn: Any, lease: Lease, name: str, value: Any) -> None:
         """Record step ``name`` inside an open ``transaction(lease, step=name)``: it commits with it."""
 
-    def begin_run(self, lease: Lease, ttl: float) -> Any:
+    def begin_run(self, lease: Lease, ttl: float) -> RunTransactionHandle:
         """Open the run's transaction (``stores.sql.run.RunTransaction``): the lease row checked and locked
         until it commits together with the run's completion, or rolls back. ``StaleToken`` if not current."""
 

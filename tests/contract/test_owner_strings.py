@@ -159,7 +159,7 @@ def test_a_lease_that_ends_between_the_acquire_and_its_read_is_not_handed_back(
 ) -> None:
     """The acquire statement saw the owner's live lease; it ended before the read that says by whom."""
     first = store.acquire("k", "o", TTL)
-    hot, end = store.db.hot, expire if ends == "expires" else lambda: _release_rows(store)
+    hot, end = store.connections.hot, expire if ends == "expires" else lambda: _release_rows(store)
 
     def statement_then_end(name: str, params: Any) -> Any:
         rows = hot(name, params)
@@ -167,7 +167,7 @@ def test_a_lease_that_ends_between_the_acquire_and_its_read_is_not_handed_back(
             end()
         return rows
 
-    monkeypatch.setattr(store.db, "hot", statement_then_end)
+    monkeypatch.setattr(store.connections, "hot", statement_then_end)
     with pytest.raises(LeaseHeld):  # as seen by the statement: held (a retry finds the key free)
         store.acquire("k", "o", TTL)
     monkeypatch.undo()

@@ -244,11 +244,11 @@ def test_expiry_is_judged_by_the_statement_clock_not_the_transaction_start(sql: 
     with sql.engine.connect() as conn, conn.begin():
         conn.execute(text("SELECT 1"))  # the transaction starts before the expiry instant
         deadline = time.monotonic() + 10
-        while conn.execute(sql.q.state, {"key": "k"}).one().expires_in > 0:
+        while conn.execute(sql.queries.state, {"key": "k"}).one().expires_in > 0:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         params = {"key": "k", "owner": "b", "ttl": TTL, "run": None}
-        token = conn.execute(sql.q.acquire, params).scalar()
+        token = conn.execute(sql.queries.acquire, params).scalar()
     assert token is not None and token > lease.token
 
 
@@ -471,7 +471,7 @@ def _identity(store: SQLStore, conn: Any) -> str:
 def _sessions(store: SQLStore) -> set[str]:
     """The connections behind ``store``'s held connection and a pooled one of each engine."""
     store.renew([store.acquire(f"probe-{os.getpid()}", "p", TTL)], TTL)  # the held connection, in use
-    held = store.db._hot._held
+    held = store.connections._hot._held
     assert held is not None
     found = {_dbapi_identity(store, held[0].dbapi_connection)}
     for engine in (store.engine, store.autocommit_engine):

@@ -99,7 +99,7 @@ def test_a_bound_never_outlives_its_block(store: SQLStore, path: str) -> None:
         assert "error" in _in_thread(_bounded(lambda: store.renew([lease], 30.0)))
         holder.commit()
     store.renew([lease], 30.0)
-    held = store.db._hot._held  # the connection the hot statements run on
+    held = store.connections._hot._held  # the connection the hot statements run on
     assert held is not None
     assert held[0].dbapi_connection.execute("PRAGMA busy_timeout").fetchone() == (60_000,)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from celery_fence.errors import ConfigurationError
-from celery_fence.stores import Capabilities, capabilities_for, capabilities_of, check_store_url
+from celery_fence.stores import Capabilities, capabilities_for, capabilities_of, store_class
 from celery_fence.stores.capabilities import NOTHING_DECLARED
 from celery_fence.stores.memory import MemoryStore
 
@@ -49,7 +49,7 @@ def test_a_store_that_declares_nothing_gets_the_defaults() -> None:
 def test_a_sqlite_file_in_a_missing_directory_is_refused_without_opening_it(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/missing/fence.db"
     with pytest.raises(ConfigurationError, match="does not exist"):
-        check_store_url(url)
+        store_class(url)
     assert not (tmp_path / "missing").exists()
 
 

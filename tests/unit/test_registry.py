@@ -111,8 +111,8 @@ def test_the_etcd_store_needs_nothing_beyond_the_standard_library() -> None:
     code = (
         "import sys; sys.modules['requests'] = None\n"
         "from celery_fence import open_store\n"
-        "from celery_fence.stores import check_store_url\n"
-        "check_store_url('etcd://localhost:2379')\n"
+        "from celery_fence.stores import store_class\n"
+        "store_class('etcd://localhost:2379')\n"
         "print(type(open_store('etcd://localhost:2379')).__name__)"
     )
     command = [sys.executable, "-c", code]

@@ -33,7 +33,6 @@ from .url import check_sql_url
 
 __all__ = [
     "SessionLimits",
-    "check_sql_url",
     "create_store_engine",
     "ended_while_idle",
     "on_read_only_server",

@@ -1,6 +1,6 @@
-"""The SQL store's recovery operations (:class:`SQLStore` inherits them): which runs were abandoned, the
-atomic claim of one's re-send, and the record of a run that gave up before it acquired. Kept apart so the
-store module stays one screenful of lease operations."""
+"""The SQL store's recovery operations (:class:`SQLStore` holds one and hands its calls on): which runs
+were abandoned, the atomic claim of one's re-send, and the record of a run that gave up before it acquired.
+Kept apart so the store module stays one screenful of lease operations."""
 
 from __future__ import annotations
 
@@ -12,22 +12,21 @@ from ...lease import Abandoned, validate_key
 from ..validation import check_abandoned, check_age, check_limit, check_text
 from .connections import Connections
 from .errors import RowLocked
-from .queries import Queries
 
 __all__ = ["SQLRecovery"]
 
 
 class SQLRecovery:
-    """``abandoned`` and ``recover`` of :class:`celery_fence.stores.sql.store.SQLStore`."""
+    """``abandoned``, ``recover`` and ``strand`` of :class:`celery_fence.stores.sql.store.SQLStore`."""
 
-    q: Queries
-    db: Connections
-    max_value_bytes: int
+    def __init__(self, connections: Connections, max_value_bytes: int) -> None:
+        self.connections, self.queries = connections, connections.queries
+        self.max_value_bytes = max_value_bytes
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
         params = {"grace": check_age(grace), "limit": check_limit(limit)}
-        with self.db.one() as conn:
-            rows = conn.execute(self.q.abandoned, params).all()
+        with self.connections.one() as conn:
+            rows = conn.execute(self.queries.abandoned, params).all()
         return [
             Abandoned(r.key, int(r.token), codec.loads(r.run), int(r.recoveries), int(r.recovery_sent))
             for r in rows
@@ -44,8 +43,8 @@ class SQLRecovery:
             "max": max_recoveries,
             "reason": reason,
         }
-        with self.db.one() as conn:
-            row = conn.execute(self.q.recover, params).first()
+        with self.connections.one() as conn:
+            row = conn.execute(self.queries.recover, params).first()
         if row is None:
             return None
         return 0 if row.dead is not None else int(row.recoveries) + 1
@@ -55,7 +54,7 @@ class SQLRecovery:
         check_text(reason, "a give-up reason")
         params = {"key": key, "run": codec.dumps_mapping(run, self.max_value_bytes), "reason": reason}
         try:
-            with self.db.one() as conn:
-                return conn.execute(self.q.strand, params).first() is not None
+            with self.connections.one() as conn:
+                return conn.execute(self.queries.strand, params).first() is not None
         except RowLocked:  # a live run's open transaction holds the row: a leased key
             return False

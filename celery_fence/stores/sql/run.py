@@ -15,19 +15,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
-from ... import codec
 from ..._failpoints import failpoint
 from ...errors import StaleToken, StoreUnavailable, UsageError
 from ...lease import Lease
 from .errors import translate_errors, user_statement_errors
-from .queries import Queries
+from .statements import LeaseStatements
 
-__all__ = ["RunTransaction", "TransactionStore"]
+__all__ = ["RunTransaction"]
 
 _HAND_MADE = (
     "the run's transaction commits with its completion: do not call {what}() on the connection of "
@@ -36,32 +35,13 @@ _HAND_MADE = (
 )
 
 
-class TransactionStore(Protocol):
-    """What a run's transaction needs of its store (:class:`~celery_fence.stores.sql.store.SQLStore`, which
-    imports this module: typed by what it offers, the store's module stays out of this one's imports)."""
-
-    url: str
-    engine: Engine
-    q: Queries
-    max_value_bytes: int
-
-    @property
-    def safe_url(self) -> str: ...
-
-    def guard(
-        self, conn: Connection, lease: Lease, event: str, detail: str | None, idle_ms: int | None = None
-    ) -> bool: ...
-
-    def refuse_now(self, lease: Lease, what: str) -> None: ...
-
-    def event_params(self, lease: Lease, event: str, **extra: Any) -> dict[str, Any]: ...
-
-
 class RunTransaction:
     """One run's open transaction on the store's database (see the module docstring)."""
 
-    def __init__(self, store: TransactionStore, lease: Lease, ttl: float, step: str | None = None) -> None:
-        self.store, self.lease = store, lease
+    def __init__(
+        self, statements: LeaseStatements, lease: Lease, ttl: float, step: str | None = None
+    ) -> None:
+        self.statements, self.lease = statements, lease
         self._tx: Any = None  # the root Transaction: the one way this class ends it
         self._blocks = 0
         self.lost_work = False  # it ended with earlier blocks' writes undone: the run cannot go on
@@ -78,13 +58,13 @@ class RunTransaction:
         savepoint = conn.begin_nested() if self._blocks else None
         self._blocks += 1
         try:
-            with user_statement_errors(self.store.url):
+            with user_statement_errors(self.statements.url):
                 yield conn
         except BaseException:
             self._undo_block(savepoint)
             raise
         if savepoint is not None:
-            with translate_errors(self.store.url):
+            with translate_errors(self.statements.url):
                 savepoint.commit()
 
     def complete(self, result: Any) -> None:
@@ -93,11 +73,11 @@ class RunTransaction:
         ``StoreUnavailable`` means the outcome is unknown (the commit may have happened): read the key.
         """
         conn = self._usable()
-        text = codec.dumps(result, self.store.max_value_bytes)
-        params = self.store.event_params(self.lease, "complete", result=text)
+        params = self.statements.complete_params(self.lease, result)
         try:
-            with translate_errors(self.store.url):
-                if conn.execute(self.store.q.complete, params).first() is None:  # not while we hold the lock
+            with translate_errors(self.statements.url):
+                completed = conn.execute(self.statements.queries.complete, params).first()
+                if completed is None:  # not while we hold the lock
                     raise StaleToken(self.lease.key, self.lease.token, None, "complete")
                 failpoint("before-commit")
                 self._tx.commit()
@@ -108,7 +88,7 @@ class RunTransaction:
         """Commit without a completion (a store-level ``transaction()``: an atomic step's writes)."""
         self._usable()
         try:
-            with translate_errors(self.store.url):
+            with translate_errors(self.statements.url):
                 self._tx.commit()
         finally:
             self.close()
@@ -116,12 +96,11 @@ class RunTransaction:
     def save_step(self, name: str, value: Any) -> None:
         """Record step ``name`` in this transaction: it commits with the run's completion."""
         conn = self._usable()
-        text = codec.dumps(value, self.store.max_value_bytes)
-        params = {"key": self.lease.key, "name": name, "token": self.lease.token, "value": text}
-        with translate_errors(self.store.url):
-            if not self.store.guard(conn, self.lease, "step", name):  # not while we hold the lock
+        params = self.statements.step_params(self.lease, name, value)
+        with translate_errors(self.statements.url):
+            if not self.statements.guard(conn, self.lease, "step", name):  # not while we hold the lock
                 raise StaleToken(self.lease.key, self.lease.token, None, f"step {name}")
-            conn.execute(self.store.q.insert_step, params)
+            conn.execute(self.statements.queries.insert_step, params)
 
     def close(self) -> None:
         """End the transaction; whatever was not committed is rolled back. Idempotent."""
@@ -133,19 +112,19 @@ class RunTransaction:
     # -- internals --
 
     def _begin(self, ttl: float, step: str | None) -> Connection | None:
-        store = self.store
-        with translate_errors(store.url):
-            conn = store.engine.connect()
+        statements = self.statements
+        with translate_errors(statements.url):
+            conn = statements.connect()
             try:
                 self._tx = conn.begin()
                 idle_ms = max(1, int(ttl * 1000))  # a paused holder blocks a takeover for one ttl at most
-                current = store.guard(conn, self.lease, "step" if step else "write", step, idle_ms)
+                current = statements.guard(conn, self.lease, "step" if step else "write", step, idle_ms)
             except BaseException:
                 conn.close()
                 raise
         if not current:
             conn.close()
-            store.refuse_now(self.lease, f"step {step}" if step else "write")
+            statements.refuse(self.lease, f"step {step}" if step else "write")
         # The caller's connection refuses to end the run's transaction; this class ends it through the
         # Transaction object (``self._tx``), which never calls these.
         conn.commit = _refuse_hand_made("commit")  # type: ignore[method-assign]
@@ -156,7 +135,7 @@ class RunTransaction:
     def _usable(self) -> Connection:
         if self.conn is None:
             raise StoreUnavailable(
-                f"the run's transaction on {self.store.safe_url} ended before its completion (its "
+                f"the run's transaction on {self.statements.safe_url} ended before its completion (its "
                 "connection was lost or an error rolled it back): nothing of it was committed"
             )
         return self.conn

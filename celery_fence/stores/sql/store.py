@@ -16,8 +16,9 @@ from typing import Any
 from sqlalchemy import Connection
 
 from ... import codec
-from ...errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
-from ...lease import HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from ...errors import AlreadyDone, InvalidArgument, LeaseHeld
+from ...lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from ..capabilities import Capabilities
 from ..validation import (
     check_age,
     check_gap,
@@ -30,11 +31,12 @@ from ..validation import (
 )
 from .connections import Connections
 from .engine import SessionLimits
-from .errors import RowLocked, safe_url, translate_errors
-from .files import check_sql_store_url, sql_capabilities
+from .errors import RowLocked, translate_errors
 from .recovery import SQLRecovery
 from .rows import lease_state, renew_params
 from .run import RunTransaction
+from .statements import LeaseStatements
+from .url import check_sql_store_url, check_sql_url, sqlite_file
 
 __all__ = ["SQLStore"]
 
@@ -42,7 +44,16 @@ log = logging.getLogger(__name__)
 PRUNED = {"event": "pruned", "owner": None, "detail": None}  # the marker a pruned key's history becomes
 
 
-class SQLStore(SQLRecovery):
+def sql_capabilities(url: str) -> Capabilities:
+    """SQLite: one write lock for every writer, waited for up to its busy timeout; its file must exist
+    before a read. Both: the run's transaction shares the database with the user's tables."""
+    if check_sql_url(url).get_backend_name() != "sqlite":  # a malformed URL: ConfigurationError, masked
+        return Capabilities(name="PostgreSQL", transactions=True, default_port=5432)
+    lock_wait, path = SessionLimits().lock, sqlite_file(url)
+    return Capabilities(name="SQLite", transactions=True, write_lock_wait=lock_wait, local_file=path)
+
+
+class SQLStore:
     """Lease store on PostgreSQL or SQLite; see :class:`celery_fence.stores.base.Store`."""
 
     max_value_bytes = codec.MAX_VALUE_BYTES  # far below a TEXT value's limit on either database
@@ -52,12 +63,15 @@ class SQLStore(SQLRecovery):
     def __init__(self, url: str, limits: SessionLimits | None = None) -> None:
         self.url, self.capabilities = url, sql_capabilities(url)
         self.limits = limits or SessionLimits()
-        self.db = Connections(url, self.limits)
-        self.engine, self.autocommit_engine = self.db.engine, self.db.autocommit_engine
-        self.dialect, self.q = self.db.dialect, self.db.queries
+        self.connections = Connections(url, self.limits)
+        self.engine, self.autocommit_engine = self.connections.engine, self.connections.autocommit_engine
+        self.dialect, self.queries = self.connections.dialect, self.connections.queries
+        # The fenced writes' statements, shared with each run's transaction; recovery's operations.
+        self.statements = LeaseStatements(self.connections, self.max_value_bytes)
+        self._recovery = SQLRecovery(self.connections, self.max_value_bytes)
 
     def migrate(self) -> None:
-        self.db.migrate()
+        self.connections.migrate()
 
     # -- the lease operations --
 
@@ -68,13 +82,13 @@ class SQLStore(SQLRecovery):
         run_text = codec.dumps_mapping(run, self.max_value_bytes)
         params = {"key": key, "owner": owner, "ttl": ttl, "run": run_text}
         try:
-            rows = self.db.hot("acquire", params)
+            rows = self.connections.hot("acquire", params)
         except RowLocked:  # its holder's open transaction locks it: a live lease
             rows = []
         if rows:  # the old row's expiry is not visible to RETURNING: expired_for stays unknown here
             return Lease(key, int(rows[0][0]), owner, taken_over=rows[0][1] == "takeover")
-        with self.db.one() as conn:  # held or done: say by whom (not the hot path)
-            state = conn.execute(self.q.state, {"key": key}).first()
+        with self.connections.one() as conn:  # held or done: say by whom (not the hot path)
+            state = conn.execute(self.queries.state, {"key": key}).first()
         if state is None:  # the row vanished between the two statements (pruned): try once more
             return self.acquire(key, owner, ttl, run)
         if state.done:
@@ -92,43 +106,40 @@ class SQLStore(SQLRecovery):
         if not leases:
             return []
         kept = {
-            (key, int(token)) for key, token in self.db.hot("renew", renew_params(self.dialect, leases, ttl))
+            (key, int(token))
+            for key, token in self.connections.hot("renew", renew_params(self.dialect, leases, ttl))
         }
         lost = [lease for lease in leases if (lease.key, lease.token) not in kept]
         if lost:
-            with self.db.one() as conn:
-                failed = [self.event_params(lease, "renew-failed") for lease in lost]
-                conn.execute(self.q.log_renew_failed, failed)
+            with self.connections.one() as conn:
+                failed = [self.statements.event_params(lease, "renew-failed") for lease in lost]
+                conn.execute(self.queries.log_renew_failed, failed)
         return lost
 
     def complete(self, lease: Lease, result: Any) -> None:
         check_lease(lease)
-        params = self.event_params(lease, "complete", result=codec.dumps(result, self.max_value_bytes))
-        if not self.db.hot("complete", params):
-            self.refuse_now(lease, "complete")
+        params = self.statements.complete_params(lease, result)
+        if not self.connections.hot("complete", params):
+            self.statements.refuse(lease, "complete")
 
     def release(self, lease: Lease) -> None:
         check_lease(lease)
-        self.db.hot("release", {"key": lease.key, "token": lease.token})
-
-    @property
-    def safe_url(self) -> str:
-        return safe_url(self.url)
+        self.connections.hot("release", {"key": lease.key, "token": lease.token})
 
     def begin_run(self, lease: Lease, ttl: float) -> RunTransaction:
         """Open the run's transaction: the lease row checked and locked until it commits with the
         completion (``RunTransaction.complete``) or rolls back (``close``). ``StaleToken``: not current."""
         check_lease(lease)
-        self.db.ready()
-        return RunTransaction(self, lease, validate_ttl(ttl))
+        self.connections.ready()
+        return RunTransaction(self.statements, lease, validate_ttl(ttl))
 
     @contextmanager
     def transaction(self, lease: Lease, step: str | None = None) -> Iterator[Connection]:
         """A transaction in which the lease row is checked and locked until commit (see the protocol): a
         :class:`RunTransaction` of one block that commits when the block ends (an atomic step's)."""
         check_lease(lease)
-        self.db.ready()
-        run_tx = RunTransaction(self, lease, self.limits.idle_in_transaction, step)
+        self.connections.ready()
+        run_tx = RunTransaction(self.statements, lease, self.limits.idle_in_transaction, step)
         try:
             with run_tx.block() as conn:
                 yield conn
@@ -139,59 +150,59 @@ class SQLStore(SQLRecovery):
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
         check_lease(lease)
         check_step_name(name)
-        value_text = codec.dumps(value, self.max_value_bytes)
-        params = {"key": lease.key, "name": name, "token": lease.token, "value": value_text}
-        with self.db.transaction() as conn:
-            current = self.guard(conn, lease, "step", name)
+        params = self.statements.step_params(lease, name, value)
+        with self.connections.transaction() as conn:
+            current = self.statements.guard(conn, lease, "step", name)
             if current:
-                conn.execute(self.q.insert_step, params)
+                conn.execute(self.queries.insert_step, params)
         if not current:
-            self.refuse_now(lease, f"step {name}")
+            self.statements.refuse(lease, f"step {name}")
 
     def insert_step(self, conn: Connection, lease: Lease, name: str, value: Any) -> None:
         """Record step ``name`` inside an open :meth:`transaction` (opened with ``step=name``)."""
-        value_text = codec.dumps(value, self.max_value_bytes)
-        params = {"key": lease.key, "name": name, "token": lease.token, "value": value_text}
+        params = self.statements.step_params(lease, name, value)
         with translate_errors(self.url):
-            conn.execute(self.q.insert_step, params)
+            conn.execute(self.queries.insert_step, params)
 
     def steps(self, key: str) -> dict[str, Any]:
         validate_key(key)
-        with self.db.one() as conn:
-            return {r.name: codec.loads(r.value) for r in conn.execute(self.q.steps, {"key": key})}
+        with self.connections.one() as conn:
+            return {r.name: codec.loads(r.value) for r in conn.execute(self.queries.steps, {"key": key})}
 
     def refuse(self, lease: Lease, what: str) -> None:
         check_lease(lease)
         check_text(what, "what was refused")
-        with self.db.one() as conn:
-            conn.execute(self.q.log, self.event_params(lease, "refused", detail=what))
+        with self.connections.one() as conn:
+            conn.execute(self.queries.log, self.statements.event_params(lease, "refused", detail=what))
 
     # -- reading --
 
     def get(self, key: str) -> LeaseState | None:
         validate_key(key)
-        with self.db.one() as conn:
-            row = conn.execute(self.q.state, {"key": key}).first()
+        with self.connections.one() as conn:
+            row = conn.execute(self.queries.state, {"key": key}).first()
         return None if row is None else lease_state(row)
 
     def history(self, key: str | None = None) -> list[HistoryEvent]:
         if key is not None:
             validate_key(key)
-        query, params = (self.q.history_all, {}) if key is None else (self.q.history, {"key": key})
-        with self.db.one() as conn:
+        query, params = (
+            (self.queries.history_all, {}) if key is None else (self.queries.history, {"key": key})
+        )
+        with self.connections.one() as conn:
             rows = conn.execute(query, params).all()
         return [HistoryEvent(r.at, r.event, int(r.token), r.owner, r.detail, key=r.key) for r in rows]
 
     def leases(self) -> list[LeaseState]:
-        with self.db.one() as conn:
-            return [lease_state(row) for row in conn.execute(self.q.leases)]
+        with self.connections.one() as conn:
+            return [lease_state(row) for row in conn.execute(self.queries.leases)]
 
     # -- administration --
 
     def force_release(self, key: str) -> int:
         validate_key(key)
-        with self.db.one() as conn:
-            token = conn.execute(self.q.force_release, {"key": key}).scalar()
+        with self.connections.one() as conn:
+            token = conn.execute(self.queries.force_release, {"key": key}).scalar()
         if token is None:
             raise InvalidArgument(f"no lease for key {key!r}")
         return int(token)
@@ -199,54 +210,37 @@ class SQLStore(SQLRecovery):
     def prune(self, older_than: float) -> int:
         age = {"age": check_age(older_than)}
         # Steps and history go with the keys; one marker takes the history's place.
-        with self.db.transaction() as conn:
-            conn.execute(self.q.prune_markers, age)  # earlier prunes' markers past the cutoff go first
-            keys = [{"key": k, "token": t, **PRUNED} for k, t in conn.execute(self.q.prune, age).all()]
+        with self.connections.transaction() as conn:
+            conn.execute(self.queries.prune_markers, age)  # earlier prunes' markers past the cutoff go first
+            keys = [{"key": k, "token": t, **PRUNED} for k, t in conn.execute(self.queries.prune, age).all()]
             if keys:
-                conn.execute(self.q.prune_steps, keys)
-                conn.execute(self.q.prune_history, keys)
-                conn.execute(self.q.log, keys)
+                conn.execute(self.queries.prune_steps, keys)
+                conn.execute(self.queries.prune_history, keys)
+                conn.execute(self.queries.log, keys)
             return len(keys)
 
     def advance(self, gap: int) -> int:
         """One transaction that no acquire can interleave: on PostgreSQL it first takes the lock every
         ``nextval`` holds shared (see ``queries``); SQLite's transaction is ``BEGIN IMMEDIATE``."""
         check_gap(gap)
-        with self.db.transaction() as conn:
-            if self.q.lock_counter is not None:
-                conn.execute(self.q.lock_counter)
-            floor = conn.execute(self.q.advance, {"gap": gap}).scalar()
+        with self.connections.transaction() as conn:
+            if self.queries.lock_counter is not None:
+                conn.execute(self.queries.lock_counter)
+            floor = conn.execute(self.queries.advance, {"gap": gap}).scalar()
         if floor is None:  # it would leave the range: nothing changed
             raise past_the_range(gap)
         return int(floor)
 
+    # -- recovery: its own module (``recovery``), on the same connections --
+
+    def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
+        return self._recovery.abandoned(grace, limit)
+
+    def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
+        return self._recovery.recover(seen, max_recoveries, reason)
+
+    def strand(self, key: str, run: Mapping[str, Any] | None, reason: str) -> bool:
+        return self._recovery.strand(key, run, reason)
+
     def close(self) -> None:
-        self.db.close()
-
-    # -- internals --
-
-    def guard(
-        self, conn: Connection, lease: Lease, event: str, detail: str | None, idle_ms: int | None = None
-    ) -> bool:
-        """Check and lock the lease row for the rest of ``conn``'s transaction. ``idle_ms``: the guard opens
-        a run's transaction, which a server that can (PostgreSQL) ends if it idles that long."""
-        params = {"key": lease.key, "token": lease.token, "event": event, "detail": detail}
-        params["idle_ms"] = idle_ms
-        query = self.q.guard if idle_ms is None else self.q.open_guard
-        return conn.execute(query, params).first() is not None
-
-    def _refused(self, conn: Connection, lease: Lease, what: str) -> None:
-        conn.execute(self.q.log, self.event_params(lease, "refused", detail=what))
-        current = conn.execute(self.q.current_token, {"key": lease.key}).scalar()
-        raise StaleToken(
-            lease.key, lease.token, None if current is None else int(current), what, recorded=True
-        )
-
-    def refuse_now(self, lease: Lease, what: str) -> None:
-        with self.db.one() as conn:
-            self._refused(conn, lease, what)
-
-    @staticmethod
-    def event_params(lease: Lease, event: str, **extra: Any) -> dict[str, Any]:
-        params = {"key": lease.key, "token": lease.token, "owner": lease.owner, "event": event}
-        return {"detail": None, **params, **extra}
+        self.connections.close()

@@ -1,0 +1,70 @@
+"""The statements of a fenced write on the lease row, shared by the store's operations (``store``) and a
+run's transaction (``run``): the guard that checks and locks the row, the recorded refusal, and the
+parameters of an event and of a step. The store creates one and hands it to each run's transaction, so
+neither reaches into the other.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from sqlalchemy import Connection
+
+from ... import codec
+from ...errors import StaleToken
+from ...lease import Lease
+from .connections import Connections
+from .errors import safe_url
+
+__all__ = ["LeaseStatements"]
+
+
+class LeaseStatements:
+    """The guard, the refusal and the parameters of the writes on one store's lease rows."""
+
+    def __init__(self, connections: Connections, max_value_bytes: int) -> None:
+        self._connections = connections
+        self.url, self.queries = connections.url, connections.queries
+        self.max_value_bytes = max_value_bytes
+
+    @property
+    def safe_url(self) -> str:
+        return safe_url(self.url)
+
+    def connect(self) -> Connection:
+        """A connection for an explicit transaction that outlives one call (a run's)."""
+        return self._connections.engine.connect()
+
+    def guard(
+        self, conn: Connection, lease: Lease, event: str, detail: str | None, idle_ms: int | None = None
+    ) -> bool:
+        """Check and lock the lease row for the rest of ``conn``'s transaction. ``idle_ms``: the guard opens
+        a run's transaction, which a server that can (PostgreSQL) ends if it idles that long."""
+        params = {"key": lease.key, "token": lease.token, "event": event, "detail": detail}
+        params["idle_ms"] = idle_ms
+        query = self.queries.guard if idle_ms is None else self.queries.open_guard
+        return conn.execute(query, params).first() is not None
+
+    def refuse(self, lease: Lease, what: str) -> NoReturn:
+        """Record the refusal of ``what`` in its own statement, then raise ``StaleToken`` with the current
+        token."""
+        with self._connections.one() as conn:
+            conn.execute(self.queries.log, self.event_params(lease, "refused", detail=what))
+            current = conn.execute(self.queries.current_token, {"key": lease.key}).scalar()
+            raise StaleToken(
+                lease.key, lease.token, None if current is None else int(current), what, recorded=True
+            )
+
+    @staticmethod
+    def event_params(lease: Lease, event: str, **extra: Any) -> dict[str, Any]:
+        params = {"key": lease.key, "token": lease.token, "owner": lease.owner, "event": event}
+        return {"detail": None, **params, **extra}
+
+    def complete_params(self, lease: Lease, result: Any) -> dict[str, Any]:
+        """The completion's: ``result`` encoded (``NotSerializable`` before any statement)."""
+        return self.event_params(lease, "complete", result=codec.dumps(result, self.max_value_bytes))
+
+    def step_params(self, lease: Lease, name: str, value: Any) -> dict[str, Any]:
+        """Step ``name``'s record: ``value`` encoded (``NotSerializable`` before any statement)."""
+        value_text = codec.dumps(value, self.max_value_bytes)
+        return {"key": lease.key, "name": name, "token": lease.token, "value": value_text}
