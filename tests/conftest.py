@@ -15,7 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-pytest_plugins = ["pytester"]  # pytest accepts it only in the top-level conftest
+# pytest accepts it only in the top-level conftest; the second: the session's private servers
+pytest_plugins = ["pytester", "tests.servers.fixtures"]
 
 
 def _own_databases_per_xdist_worker() -> None:
@@ -82,7 +83,7 @@ def postgres_url(request: pytest.FixtureRequest) -> str:
     """
     server_url = os.environ.get("FENCE_TEST_PG_URL") or PG_SERVER_URL
     if os.environ.get("FENCE_TEST_PG_PRIVATE"):
-        from tests.contract.pg_server import private_postgres
+        from tests.servers.postgres import private_postgres
 
         started = private_postgres()
         server_url = started.__enter__().url()
@@ -139,4 +140,3 @@ def etcd_binary() -> str:
     reason = f"no executable at {candidate}; install etcd-server or set ETCD_BIN"
     require_server("etcd", found, reason)
     return str(path)
-

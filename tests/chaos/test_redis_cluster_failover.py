@@ -37,11 +37,11 @@ import redis
 from sqlalchemy import text
 
 from celery_fence.stores.redis.cluster import slot_tag
-from tests.contract.harness_redis import RedisServer
-from tests.contract.harness_redis_cluster import RedisClusterServers
 from tests.integration.conftest import Cluster
 from tests.integration.fenced_app import chaos
 from tests.integration.workers import wait_for
+from tests.servers.redis import RedisServer
+from tests.servers.redis_cluster import RedisClusterServers
 
 from .checks import REPORT, RUNS, done, settle_and_check
 from .test_faults import BATCH, _batches, _send, every_store
@@ -103,8 +103,15 @@ def _advance(cluster: Cluster) -> float:
     """``celery fence advance`` as an operator runs it; its wall time."""
     started = time.monotonic()
     args = [sys.executable, "-m", "celery", "-A", "tests.integration.fenced_app", "fence", "advance"]
-    ran = subprocess.run([*args, "--gap", "1000"], check=False, env={**os.environ, **cluster.env}, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    ran = subprocess.run(
+        [*args, "--gap", "1000"],
+        check=False,
+        env={**os.environ, **cluster.env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ran.returncode == 0, ran.stderr
     return time.monotonic() - started
 
@@ -185,4 +192,3 @@ def test_a_primary_killed_and_its_replica_promoted_mid_run(cluster: Cluster, rem
     assert counts["tokens_lost"] > 0, "no acknowledged token was lost: the fault did not bite"
     if remedy == "advance":
         assert counts["reissued"] == 0, f"a token was issued twice after advance: {counts}"
-

@@ -17,10 +17,10 @@ from sqlalchemy import text
 
 from celery_fence.testing import StoreProxy
 from tests.contract.restartable import RESTARTABLE
-from tests.contract.sqlite_holder import holding_write_lock
 from tests.integration.conftest import Cluster
 from tests.integration.fenced_app import chaos
 from tests.integration.workers import wait_for
+from tests.servers.sqlite_holder import holding_write_lock
 
 from .checks import RUNS, done, settle_and_check
 from .test_faults import AND_RABBITMQ, BATCH, _batches, _send, assert_every_key_ran_twice, every_store

@@ -3,7 +3,7 @@
 Each server is durable the way production needs it to be for tokens never to go back: PostgreSQL with
 ``fsync``, Redis with ``appendonly yes`` and ``appendfsync always``, etcd as it is (its WAL is synced on every
 commit). A Redis without persistence loses its counter on restart; that case is the rewind guard's test.
-``etcd3`` is a 3-member etcd cluster of the test's own (:class:`~.harness_etcd_cluster.EtcdCluster`): its
+``etcd3`` is a 3-member etcd cluster of the test's own (:class:`~tests.servers.etcd_cluster.EtcdCluster`): its
 members are killed, cut off and restarted one at a time.
 """
 
@@ -20,11 +20,11 @@ import pytest
 
 from celery_fence import open_store
 
+from ..servers.etcd_cluster import private_cluster
+from ..servers.pg_pair import postgres_pair
+from ..servers.postgres import private_postgres
+from ..servers.redis import RedisServer
 from . import harness_etcd
-from .harness_etcd_cluster import private_cluster
-from .harness_redis import RedisServer
-from .pg_pair import postgres_pair
-from .pg_server import private_postgres
 
 RESTARTABLE = ("postgresql", "redis", "etcd")
 # A primary and a streaming standby (pg_pair): ``server`` is the pair, ``server.failing_over()`` its fault.
@@ -81,7 +81,7 @@ def _redis(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
 @contextlib.contextmanager
 def _redis_cluster(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
     """3 primaries and a replica each: a failover case promotes one."""
-    from .harness_redis_cluster import RedisClusterServers
+    from ..servers.redis_cluster import RedisClusterServers
 
     servers = RedisClusterServers(replicas=1).start()
     try:

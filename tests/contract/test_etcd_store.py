@@ -32,9 +32,11 @@ from celery_fence.stores.etcd.gateway import get as range_of
 from celery_fence.stores.etcd.gateway import put
 from celery_fence.stores.etcd.http import EtcdConnection
 from celery_fence.stores.etcd.leases import lease_seconds
+from celery_fence.testing import free_port
 
+from ..servers.etcd import EtcdServer
 from .harness import HARNESSES  # first: harness.py imports harness_etcd itself
-from .harness_etcd import EtcdServer, free_port, shared_server
+from .harness_etcd import shared_server
 
 TTL = 30.0
 

@@ -13,6 +13,8 @@ from sqlalchemy import text
 from celery_fence.stores.etcd.gateway import get
 from celery_fence.testing.contract.checks import TTL
 
+from ..servers.redis_cluster import primary_clients
+
 CYCLES, KEYS_PER_CYCLE = 5, 20
 
 
@@ -45,12 +47,10 @@ def redis_footprint(client: Any, prefix: str, skip: tuple[str, ...] = ()) -> int
 
 
 def cluster_footprint(store: Any) -> int:
-    from .harness_redis_cluster import _shared
-
     counters = (f"{store.prefix}counter:{{", f"{store.prefix}high:{{")
     size = 0
-    for node in _shared[0].primary_nodes():
-        with node.client() as client:
+    for client in primary_clients(store.url):
+        with client:
             size += redis_footprint(client, store.prefix, counters)
     return size
 

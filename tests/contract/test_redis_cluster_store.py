@@ -13,7 +13,8 @@ from celery_fence.stores.redis import RedisStore
 from celery_fence.testing import free_port
 from celery_fence.testing.contract.checks import TTL
 
-from .harness_redis_cluster import drop_prefix, shared_cluster
+from ..servers.redis_cluster import drop_cluster_prefix
+from .harness_redis_cluster import shared_cluster
 
 
 @pytest.mark.parametrize(
@@ -35,7 +36,9 @@ def test_bad_cluster_urls_are_refused_at_once_without_the_secret(url: str) -> No
 def test_a_cluster_url_names_every_node_and_selects_cluster_mode() -> None:
     store = RedisStore("rediss://u:p@a.example:7000,b.example/0?cluster=yes&prefix=shop:")
     assert (store._nodes, store.prefix, store._target) == (
-        [("a.example", 7000), ("b.example", 6379)], "shop:", "rediss://u:p@a.example:7000"
+        [("a.example", 7000), ("b.example", 6379)],
+        "shop:",
+        "rediss://u:p@a.example:7000",
     )
     assert RedisStore("redis://a.example:7000/0?cluster=false")._nodes is None
 
@@ -46,7 +49,7 @@ def cluster_store(request: pytest.FixtureRequest) -> Any:
     store = open_store(servers.url("tc:"))
     yield store, servers
     store.close()
-    drop_prefix(servers, "tc:")
+    drop_cluster_prefix(servers, "tc:")
 
 
 def test_every_name_is_in_the_slot_of_its_key_and_none_is_store_wide(cluster_store: Any) -> None:

@@ -37,9 +37,11 @@ from celery_fence.errors import (
 from celery_fence.lease import Lease, LeaseState, new_owner
 from celery_fence.stores.redis import RedisStore
 from celery_fence.stores.redis import store as redis_store
+from celery_fence.testing import free_port
 
+from ..servers.redis import RedisServer, drop_prefix
 from .harness import HARNESSES  # first: harness imports harness_redis (a spawned child starts here)
-from .harness_redis import RedisServer, drop_prefix, free_port, shared_server
+from .harness_redis import shared_server
 from .reconnect import OPERATIONS, run_and_check
 
 TTL = 30.0
