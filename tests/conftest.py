@@ -10,10 +10,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+
+from tests.support.required import in_ci, require_server  # noqa: F401  (tests may import them from here)
 
 # pytest accepts it only in the top-level conftest; the second: the session's private servers
 pytest_plugins = ["pytester", "tests.servers.fixtures"]
@@ -47,21 +51,6 @@ REDIS_PORT = 6379
 # Parallel checkouts (several worktrees testing at once) give each its own databases through these.
 REDIS_TEST_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/{os.environ.get('FENCE_TEST_REDIS_DB', '15')}"
 CONNECT_TIMEOUT = 2
-
-
-def in_ci() -> bool:
-    """True when the ``CI`` environment variable is set to a true value."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
-
-
-def require_server(name: str, available: bool, reason: str) -> None:
-    """Do nothing if ``available``; otherwise fail in CI and skip elsewhere."""
-    if available:
-        return
-    message = f"{name} is not available: {reason}"
-    if in_ci():
-        pytest.fail(f"{message} (CI is set, so a missing server is an error)", pytrace=False)
-    pytest.skip(message)
 
 
 def _with_database(url: str, database: str, *, scheme: str | None = None) -> str:
@@ -140,3 +129,12 @@ def etcd_binary() -> str:
     reason = f"no executable at {candidate}; install etcd-server or set ETCD_BIN"
     require_server("etcd", found, reason)
     return str(path)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+    """Each phase's report on its item (``item.rep_call``): a fixture's teardown then knows whether the test
+    failed (the real-worker world prints its workers' logs when it did)."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)

@@ -37,15 +37,14 @@ import redis
 from sqlalchemy import text
 
 from celery_fence.stores.redis.cluster import slot_tag
-from tests.integration.conftest import Cluster
 from tests.integration.fenced_app import chaos
 from tests.integration.workers import wait_for
+from tests.integration.world import Cluster
 from tests.servers.redis import RedisServer
 from tests.servers.redis_cluster import RedisClusterServers
 
 from .checks import REPORT, RUNS, done, settle_and_check
-from .test_faults import BATCH, _batches, _send, every_store
-from .test_store_faults import _all_started
+from .sending import BATCH, all_started, batches, every_store, send
 
 pytestmark = pytest.mark.chaos
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,9 +139,9 @@ def test_a_primary_killed_and_its_replica_promoted_mid_run(cluster: Cluster, rem
     counts = {"tokens_lost": 0, "reissued": 0, "completions_lost": 0, "ran_again": 0, "advance_seconds": 0.0}
     forgotten: set[str] = set()
     lost_ranges: dict[str, list[tuple[int, int]]] = {}
-    for size in _batches(RUNS):
-        early = _send(cluster.queue, size, pause=1.0)
-        wait_for(lambda early=early: _all_started(cluster, early), 60, "the runs to start")
+    for size in batches(RUNS):
+        early = send(cluster.queue, size, pause=1.0)
+        wait_for(lambda early=early: all_started(cluster, early), 60, "the runs to start")
         primary, replica = _pair(servers, [store._k("lease", k) for k in early])
         late = _ids_on(cluster, primary, size)
         os.kill(replica.process.pid, signal.SIGSTOP)  # the replica falls behind...
@@ -150,7 +149,7 @@ def test_a_primary_killed_and_its_replica_promoted_mid_run(cluster: Cluster, rem
             client.execute_command("CLIENT", "KILL", "TYPE", "replica")
         for task_id in late:  # ...while these acquire, acknowledged, on the primary
             chaos.apply_async((task_id,), {"pause": 1.0}, task_id=task_id, queue=cluster.queue)
-        wait_for(lambda late=late: _all_started(cluster, late), 60, "the late runs to start")
+        wait_for(lambda late=late: all_started(cluster, late), 60, "the late runs to start")
         os.killpg(os.getpgid(worker.proc.pid), signal.SIGSTOP)
         batch = early + late
         before, done_before, _ = _read(primary, store, batch)

@@ -33,13 +33,13 @@ from celery.result import AsyncResult
 from celery.states import READY_STATES
 
 from celery_fence.verify import verify_store
-from tests.integration.conftest import Cluster
 from tests.integration.fenced_app import record_keyed
 from tests.integration.rabbitmq import ready_messages
 from tests.integration.workers import Worker, wait_for
+from tests.integration.world import Cluster
 
 from .checks import REPORT, RUNS, Tally, done
-from .test_faults import AND_RABBITMQ, BATCH, every_store
+from .sending import AND_RABBITMQ, BATCH, every_store
 
 pytestmark = pytest.mark.chaos
 COPIES = 3  # task ids per key

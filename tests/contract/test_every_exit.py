@@ -22,8 +22,8 @@ from celery_fence.signals import lease_duplicate
 from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome, wait_for
 
+from ..support.inprocess import memory_app, running_worker
 from .harness import HARNESSES, Harness, harness_params
-from .inprocess import memory_app, running_worker
 
 STORES = ("memory", "sqlite", "postgresql")
 EFFECTS = "fence_test_exit_effects"

@@ -11,7 +11,6 @@ Celery's in-process worker (threads pool: runs overlap) on every store that serv
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,8 +26,8 @@ from celery_fence._runtime import runtime_for
 from celery_fence.signals import lease_duplicate
 from celery_fence.testing import wait_for
 
+from ..support.inprocess import Gates, memory_app, running_worker
 from .harness import Harness
-from .inprocess import memory_app, running_worker
 
 STORES = ("memory", "sqlite", "postgresql", "redis")
 
@@ -38,21 +37,6 @@ def harness(request: pytest.FixtureRequest) -> Harness:
     from .harness import HARNESSES
 
     return HARNESSES[request.param]
-
-
-class Gates:
-    """A run named ``tag`` waits in its body until the test opens its gate."""
-
-    def __init__(self) -> None:
-        self._gates: dict[str, threading.Event] = {}
-        self.entered: set[str] = set()
-
-    def wait(self, tag: str) -> None:
-        self.entered.add(tag)
-        self._gates.setdefault(tag, threading.Event()).wait(30)
-
-    def open(self, tag: str) -> None:
-        self._gates.setdefault(tag, threading.Event()).set()
 
 
 @pytest.fixture

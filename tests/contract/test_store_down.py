@@ -9,7 +9,7 @@ from sqlalchemy.engine import make_url
 
 from celery_fence import ConfigurationError, Lease, StoreUnavailable, open_store
 
-from .reconnect import OPERATIONS, TTL, run_and_check
+from ..support.reconnect import OPERATIONS, TTL, run_and_check
 from .restartable import RESTARTABLE, restartable_store
 
 

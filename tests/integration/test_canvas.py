@@ -20,9 +20,9 @@ from celery import chain, chord, group
 
 from celery_fence import LeaseHeld
 
-from .conftest import Cluster
 from .fenced_app import after, record, record_keyed, record_keyed_or_fail, runs_of
 from .workers import marks, wait_for
+from .world import Cluster
 
 pytestmark = pytest.mark.integration
 

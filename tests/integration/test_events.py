@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from celery.events.state import State
 
-from .conftest import Cluster
 from .fenced_app import record, record_keyed
 from .workers import marks, wait_for
+from .world import Cluster
 
 pytestmark = pytest.mark.integration
 

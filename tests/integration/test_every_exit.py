@@ -8,9 +8,9 @@ import uuid
 import pytest
 from sqlalchemy import text
 
-from .conftest import Cluster, effects_engine
 from .fenced_app import insert_if_absent, send_parcel
 from .workers import marks, wait_for
+from .world import Cluster, effects_engine
 
 pytestmark = pytest.mark.integration
 

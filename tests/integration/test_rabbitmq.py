@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 
-from .conftest import Cluster, on_rabbitmq
 from .fenced_app import record
 from .workers import marks, wait_for
+from .world import Cluster, on_rabbitmq
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,10 @@ from celery import chain
 from celery.result import AsyncResult
 from kombu import Exchange, Queue
 
-from .conftest import Cluster, on_rabbitmq
 from .fenced_app import record
 from .rabbitmq import ready_messages
 from .workers import marks, wait_for
+from .world import Cluster, on_rabbitmq
 
 pytestmark = pytest.mark.integration
 

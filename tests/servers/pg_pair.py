@@ -27,7 +27,7 @@ import pytest
 
 from celery_fence.testing import StoreProxy
 
-from ..conftest import require_server
+from ..support.required import require_server
 from .postgres import PostgresServer, postgres_binaries
 
 __all__ = ["PostgresPair", "multi_host_url", "postgres_pair"]

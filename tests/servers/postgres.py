@@ -20,7 +20,7 @@ import psycopg
 
 from celery_fence.testing import free_port
 
-from ..conftest import require_server
+from ..support.required import require_server
 from .process import ServerProcess
 
 

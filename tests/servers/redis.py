@@ -12,7 +12,7 @@ import redis
 
 from celery_fence.testing import free_port
 
-from ..conftest import require_server
+from ..support.required import require_server
 from .process import ServerProcess
 
 

@@ -16,7 +16,7 @@ from redis.cluster import RedisCluster as Client
 
 from celery_fence.testing import free_port
 
-from ..conftest import require_server
+from ..support.required import require_server
 from .redis import RedisServer
 
 
