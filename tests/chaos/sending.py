@@ -20,7 +20,7 @@ def every_store(*names: str, **options: str) -> list[Any]:
     return [pytest.param({"store": name, **options}, id=name) for name in names or ALL_STORES]
 
 
-# The cases where the broker's redelivery matters also run on RabbitMQ, with one store (issue 27, point 13).
+# The cases where the broker's redelivery matters also run on RabbitMQ, with one store.
 AND_RABBITMQ = on_rabbitmq()
 
 

@@ -1,4 +1,4 @@
-"""PostgreSQL failover on real workers (issue 18, point 3): the primary SIGKILLed mid-run (its whole
+"""PostgreSQL failover on real workers: the primary SIGKILLed mid-run (its whole
 process group) and its streaming standby promoted, the store on a libpq multi-host URL
 (``target_session_attrs=read-write``) finding the new primary by itself.
 

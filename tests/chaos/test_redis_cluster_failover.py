@@ -1,4 +1,4 @@
-"""Redis Cluster failover (issue 18, point 2): a primary SIGKILLed mid-run and its replica promoted, on real
+"""Redis Cluster failover: a primary SIGKILLed mid-run and its replica promoted, on real
 ``celery worker`` processes, counted as it is.
 
 Redis replicates asynchronously: a write the primary acknowledged but had not sent to its replica is gone

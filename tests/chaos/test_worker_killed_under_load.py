@@ -1,4 +1,4 @@
-"""A whole worker SIGKILLed under load (issue 27, point 14): the messages the broker loses before any run
+"""A whole worker SIGKILLed under load: the messages the broker loses before any run
 took their key.
 
 Three workers share the load: ``FENCE_SOAK_RUNS`` x 5 keys, each sent three times as three task ids of

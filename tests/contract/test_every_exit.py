@@ -1,4 +1,4 @@
-"""Every exit of a run ends right, through Celery's in-process worker (issue 25): what the body and Celery do
+"""Every exit of a run ends right, through Celery's in-process worker: what the body and Celery do
 around the store. A time limit that lands while the completion's reply is due or after it answered, a failed
 run whose release was lost, and the headers a copy inherits."""
 

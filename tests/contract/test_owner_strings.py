@@ -1,4 +1,4 @@
-"""Owner strings that repeat (issue 25, finding 8): the store API takes any owner, and identity is the token.
+"""Owner strings that repeat: the store API takes any owner, and identity is the token.
 
 An acquire returns a token above every token issued before, whatever the owner string; the one exception,
 the lost-reply resolution, returns only a live lease of that owner (a retried call finds the lease it

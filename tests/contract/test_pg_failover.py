@@ -1,4 +1,4 @@
-"""The SQL store on a PostgreSQL primary and standby (issue 18, point 3): the libpq multi-host URL, no
+"""The SQL store on a PostgreSQL primary and standby: the libpq multi-host URL, no
 statement ever on the standby, the same store object on the new primary after a failover, and what an
 asynchronous failover does to the token counter (and ``advance``, its remedy)."""
 

@@ -1,4 +1,4 @@
-"""The Redis store's cluster mode (``?cluster=true``, issue 18 point 2) beyond the contract suite: its URL
+"""The Redis store's cluster mode (``?cluster=true``) beyond the contract suite: its URL
 forms, its names (each in the slot of its key; no store-wide name), and its driver errors."""
 
 from __future__ import annotations

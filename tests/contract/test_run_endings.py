@@ -2,11 +2,11 @@
 Celery's in-process worker (threads pool: runs overlap) on every store that serves several processes.
 
 - A task id that lost its key to another task id ends ready: the winner's result once the key is done,
-  else a FenceError naming the winner (review point 6); never PENDING for ever, also with
+  else a FenceError naming the winner; never PENDING for ever, also with
   ``fence_on_busy="ignore"``.
 - Two copies of one task id meet under a custom ``fence_key``: the copy is absorbed whatever
-  ``fence_on_busy`` says, and the caller never sees a failure (issue "recovery and outages", point 5); it
-  looks at the key again soon, without spending ``max_retries`` (issue 15, point 10).
+  ``fence_on_busy`` says, and the caller never sees a failure; it
+  looks at the key again soon, without spending ``max_retries``.
 """
 
 from __future__ import annotations

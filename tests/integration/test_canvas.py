@@ -1,4 +1,4 @@
-"""Canvas on real workers (issue 13, point 7): chains, groups and chords of fenced tasks advance exactly once
+"""Canvas on real workers: chains, groups and chords of fenced tasks advance exactly once
 under duplicates, the broker's own redelivery, a takeover and a refusal. Redis broker, Redis result backend,
 PostgreSQL lease store.
 

@@ -1,4 +1,4 @@
-"""Every exit of a run ends right on real ``celery worker`` processes (issue 25): what the body does around
+"""Every exit of a run ends right on real ``celery worker`` processes: what the body does around
 the store, not only what the store answers."""
 
 from __future__ import annotations
