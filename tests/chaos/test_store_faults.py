@@ -16,10 +16,10 @@ from celery import chain
 from sqlalchemy import text
 
 from celery_fence.testing import StoreProxy
-from tests.contract.restartable import RESTARTABLE
 from tests.integration.fenced_app import chaos
 from tests.integration.workers import wait_for
 from tests.integration.world import Cluster
+from tests.servers.restartable import RESTARTABLE
 from tests.servers.sqlite_holder import holding_write_lock
 
 from .checks import RUNS, done, settle_and_check

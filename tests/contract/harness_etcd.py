@@ -16,9 +16,9 @@ import pytest
 
 from celery_fence.lease import MAX_TOKEN
 from celery_fence.stores.etcd import EtcdStore
-from celery_fence.stores.etcd.gateway import delete, put
+from celery_fence.stores.etcd.gateway import put
 
-from ..servers.etcd import EtcdServer
+from ..servers.etcd import EtcdServer, open_store_at
 from .harness import Harness
 
 
@@ -31,15 +31,6 @@ def shared_server(request: pytest.FixtureRequest) -> EtcdServer:
 def open_etcd_store(request: pytest.FixtureRequest) -> Iterator[EtcdStore]:
     """A store under a fresh prefix on the shared server; its leases and keys are gone afterwards."""
     yield from open_store_at(shared_server(request).url(f"t{uuid.uuid4().hex[:12]}/"))
-
-
-def open_store_at(url: str) -> Iterator[EtcdStore]:
-    """A store on ``url``; its etcd leases and keys (its whole prefix) are gone afterwards."""
-    store = EtcdStore(url)
-    yield store
-    store.etcd_leases.revoke_all()
-    store.gw.txn([], [delete(store.prefix, prefix=True)])
-    store.close()
 
 
 def _open(request: pytest.FixtureRequest) -> Iterator[Any]:

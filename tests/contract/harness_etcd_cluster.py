@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
+from ..servers.etcd import open_store_at
 from ..servers.etcd_cluster import EtcdCluster
 from .harness import Harness
-from .harness_etcd import near_the_top, open_store_at
+from .harness_etcd import near_the_top
 
 
 def shared_cluster(request: pytest.FixtureRequest) -> EtcdCluster:

@@ -17,9 +17,9 @@ from celery_fence.stores import check_store_url
 from celery_fence.stores.etcd import EtcdStore
 from celery_fence.testing import StoreProxy, wait_for
 
+from ..servers.etcd import open_store_at
 from ..servers.etcd_cluster import EtcdCluster, private_cluster
 from ..servers.scripted_http import ScriptedServer
-from .harness_etcd import open_store_at
 
 TTL = 30.0
 

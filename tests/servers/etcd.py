@@ -7,10 +7,13 @@ import json
 import shutil
 import subprocess
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from celery_fence.stores.etcd import EtcdStore
+from celery_fence.stores.etcd.gateway import delete
 from celery_fence.testing import free_port
 
 from .process import ServerProcess
@@ -88,3 +91,12 @@ class EtcdServer(ServerProcess):
         with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(health, timeout=1) as answer:
             return bool(json.load(answer).get("health") == "true")
         return False
+
+
+def open_store_at(url: str) -> Iterator[EtcdStore]:
+    """A store on ``url``; its etcd leases and keys (its whole prefix) are gone afterwards."""
+    store = EtcdStore(url)
+    yield store
+    store.etcd_leases.revoke_all()
+    store.gw.txn([], [delete(store.prefix, prefix=True)])
+    store.close()

@@ -24,7 +24,6 @@ CONTRACT_HARNESSES = {
     "harness_redis": "the Redis store's harness",
     "harness_redis_cluster": "the Redis Cluster store's harness",
     "run_only": "the run-role-only store's harness (test_store_contract.py)",
-    "restartable": "stores on servers a test restarts, opened through the harnesses above",
 }
 
 
