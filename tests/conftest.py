@@ -10,12 +10,17 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-pytest_plugins = ["pytester"]  # pytest accepts it only in the top-level conftest
+from tests.support.required import in_ci, require_server  # noqa: F401  (tests may import them from here)
+
+# pytest accepts it only in the top-level conftest; the second: the session's private servers
+pytest_plugins = ["pytester", "tests.servers.fixtures"]
 
 
 def _own_databases_per_xdist_worker() -> None:
@@ -48,21 +53,6 @@ REDIS_TEST_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/{os.environ.get('FENCE_TEST
 CONNECT_TIMEOUT = 2
 
 
-def in_ci() -> bool:
-    """True when the ``CI`` environment variable is set to a true value."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
-
-
-def require_server(name: str, available: bool, reason: str) -> None:
-    """Do nothing if ``available``; otherwise fail in CI and skip elsewhere."""
-    if available:
-        return
-    message = f"{name} is not available: {reason}"
-    if in_ci():
-        pytest.fail(f"{message} (CI is set, so a missing server is an error)", pytrace=False)
-    pytest.skip(message)
-
-
 def _with_database(url: str, database: str, *, scheme: str | None = None) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(scheme=scheme or parts.scheme, path=f"/{database}"))
@@ -82,7 +72,7 @@ def postgres_url(request: pytest.FixtureRequest) -> str:
     """
     server_url = os.environ.get("FENCE_TEST_PG_URL") or PG_SERVER_URL
     if os.environ.get("FENCE_TEST_PG_PRIVATE"):
-        from tests.contract.pg_server import private_postgres
+        from tests.servers.postgres import private_postgres
 
         started = private_postgres()
         server_url = started.__enter__().url()
@@ -140,3 +130,11 @@ def etcd_binary() -> str:
     require_server("etcd", found, reason)
     return str(path)
 
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+    """Each phase's report on its item (``item.rep_call``): a fixture's teardown then knows whether the test
+    failed (the real-worker world prints its workers' logs when it did)."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)

@@ -13,8 +13,8 @@ from sqlalchemy import text
 
 from celery_fence import FenceError
 from celery_fence.verify import verify_store
-from tests.integration.conftest import Cluster, effects_engine
 from tests.integration.workers import wait_for
+from tests.integration.world import Cluster, effects_engine
 
 RUNS = int(os.environ.get("FENCE_SOAK_RUNS", "4"))  # faulted runs per fault and store; `make soak`: 1000
 REPORT = os.environ.get("FENCE_SOAK_REPORT")  # a JSON-lines file the soak table is made from

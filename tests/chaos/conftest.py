@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tests.integration.conftest import cluster, pytest_runtest_makereport
+from tests.integration.world import cluster
 
-__all__ = ["cluster", "pytest_runtest_makereport"]
+__all__ = ["cluster"]

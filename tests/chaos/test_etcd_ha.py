@@ -11,12 +11,11 @@ import contextlib
 import pytest
 
 from celery_fence.testing import StoreProxy
-from tests.integration.conftest import Cluster
 from tests.integration.workers import wait_for
+from tests.integration.world import Cluster
 
 from .checks import RUNS, done, settle_and_check
-from .test_faults import BATCH, _batches, _send, every_store
-from .test_store_faults import _all_started
+from .sending import BATCH, all_started, batches, every_store, send
 
 pytestmark = pytest.mark.chaos
 STORE = "etcd, 3 members"
@@ -24,8 +23,8 @@ RECOVER = ("--fence-recover", "--fence-recover-interval", "1")
 
 
 def _started(cluster: Cluster, size: int) -> list[str]:
-    ids = _send(cluster.queue, size, pause=2.0)
-    wait_for(lambda: _all_started(cluster, ids), 60, "the runs to start")
+    ids = send(cluster.queue, size, pause=2.0)
+    wait_for(lambda: all_started(cluster, ids), 60, "the runs to start")
     return ids
 
 
@@ -39,7 +38,7 @@ def test_the_etcd_leader_killed_mid_run(cluster: Cluster) -> None:
     (the new leader keeps the etcd leases alive), and only then does the old leader come back."""
     cluster.worker("a", concurrency=BATCH, extra=RECOVER)
     keys: list[str] = []
-    for size in _batches(RUNS):
+    for size in batches(RUNS):
         ids = _started(cluster, size)
         leader = cluster.server.leader()
         leader.crash()
@@ -61,7 +60,7 @@ def test_an_etcd_member_cut_off_through_the_proxy(cluster: Cluster) -> None:
         url = cluster.server.url(cluster.store.prefix, [f"127.0.0.1:{p.port}" for p in proxies])
         worker = cluster.worker("a", concurrency=BATCH, env={"FENCE_IT_STORE": url}, extra=RECOVER)
         keys: list[str] = []
-        for number, size in enumerate(_batches(RUNS)):
+        for number, size in enumerate(batches(RUNS)):
             ids = _started(cluster, size)
             cut = proxies[number % len(proxies)]
             cut.cut()
@@ -80,7 +79,7 @@ def test_an_etcd_member_restarted_mid_run(cluster: Cluster) -> None:
     worker = cluster.worker("a", concurrency=BATCH, extra=RECOVER)
     members = cluster.server.members
     keys: list[str] = []
-    for number, size in enumerate(_batches(RUNS)):
+    for number, size in enumerate(batches(RUNS)):
         ids = _started(cluster, size)
         member = cluster.server.leader() if number % 2 else members[(number // 2) % len(members)]
         before = worker.log_text().count("passing over")

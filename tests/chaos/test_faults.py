@@ -14,43 +14,22 @@ import sqlite3
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.integration.conftest import ALL_STORES, Cluster, on_rabbitmq
 from tests.integration.fenced_app import chaos, chaos_joined
 from tests.integration.workers import marks, wait_for
+from tests.integration.world import Cluster
 
 from .checks import RUNS, settle_and_check
+from .sending import AND_RABBITMQ, BATCH, assert_every_key_ran_twice, batches, every_store, send
 
 pytestmark = pytest.mark.chaos
-# Runs faulted at once, one per pool process: `make soak` raises it so 1,000 runs per case take minutes.
-BATCH = int(os.environ.get("FENCE_SOAK_BATCH", "4"))
-
-
-def every_store(*names: str, **options: str) -> list[Any]:
-    return [pytest.param({"store": name, **options}, id=name) for name in names or ALL_STORES]
-
-
-# The cases where the broker's redelivery matters also run on RabbitMQ, with one store (issue 27, point 13).
-AND_RABBITMQ = on_rabbitmq()
-
-
-def _batches(runs: int) -> list[int]:
-    return [min(BATCH, runs - start) for start in range(0, runs, BATCH)]
 
 
 def _expired(cluster: Cluster, key: str) -> bool:
     state = cluster.store.get(key)
     return state is None or state.expires_in is None or state.expires_in <= 0
-
-
-def _send(queue: str, count: int, pause: float, hold: bool = False) -> list[str]:
-    ids = [str(uuid.uuid4()) for _ in range(count)]
-    for task_id in ids:
-        chaos.apply_async((task_id,), {"pause": pause, "hold": hold}, task_id=task_id, queue=queue)
-    return ids
 
 
 def _started_pids(cluster: Cluster, ids: list[str]) -> list[int]:
@@ -98,9 +77,9 @@ def test_paused_past_ttl(cluster: Cluster, request: pytest.FixtureRequest) -> No
     cluster.worker("a", queues=f"{cluster.queue}-a", concurrency=BATCH)
     cluster.worker("b", queues=f"{cluster.queue}-b", concurrency=BATCH)
     keys: list[str] = []
-    for size in _batches(RUNS):
+    for size in batches(RUNS):
         # Held until released: a batch of 50 can take longer to start than a fixed pause would last.
-        ids = _send(f"{cluster.queue}-a", size, pause=120.0, hold=True)
+        ids = send(f"{cluster.queue}-a", size, pause=120.0, hold=True)
         pids = _started_pids(cluster, ids)
         for pid in pids:
             _pause(cluster, pid)
@@ -130,8 +109,8 @@ def test_killed_mid_body(cluster: Cluster, request: pytest.FixtureRequest) -> No
         "a", concurrency=BATCH, extra=("--fence-recover", "--fence-recover-interval", "1")
     )
     keys: list[str] = []
-    for size in _batches(RUNS):
-        ids = _send(cluster.queue, size, pause=30.0)
+    for size in batches(RUNS):
+        ids = send(cluster.queue, size, pause=30.0)
         for pid in _started_pids(cluster, ids):
             os.kill(pid, signal.SIGKILL)
         wait_for(lambda ids=ids: all(cluster.store.get(i).done for i in ids), 90, "the killed runs to finish")
@@ -148,10 +127,10 @@ def test_killed_between_body_and_completion(cluster: Cluster, request: pytest.Fi
     points.mkdir()
     cluster.worker("a", concurrency=BATCH, env={"CELERY_FENCE_FAILPOINTS": str(points)})
     keys: list[str] = []
-    for size in _batches(RUNS):
+    for size in batches(RUNS):
         block = points / "before-complete.block"
         block.touch()
-        ids = _send(cluster.queue, size, pause=0.0)
+        ids = send(cluster.queue, size, pause=0.0)
         reached = wait_for(lambda size=size: _reached(points, size), 60, "every run at before-complete")
         for pid in reached:
             os.kill(pid, signal.SIGKILL)
@@ -162,16 +141,6 @@ def test_killed_between_body_and_completion(cluster: Cluster, request: pytest.Fi
         keys += ids
     settle_and_check(cluster, request.node.callspec.id, "SIGKILL before completion", keys)
     assert_every_key_ran_twice(cluster, keys)
-
-
-def assert_every_key_ran_twice(cluster: Cluster, keys: list[str]) -> None:
-    """The killed run and the one after it: two owners leased each key (by a takeover once the ttl passed,
-    or at once when the worker's main process released the dead process's lease)."""
-    owners: dict[str, set[Any]] = {key: set() for key in keys}
-    for event in cluster.store.history():
-        if event.key in owners and event.event in ("acquire", "takeover"):
-            owners[event.key].add(event.owner)
-    assert all(len(found) >= 2 for found in owners.values()), owners
 
 
 def _reached(points: Path, size: int) -> list[int] | None:
@@ -198,8 +167,8 @@ def test_the_brokers_own_redelivery(cluster: Cluster, request: pytest.FixtureReq
     cluster.worker("a", concurrency=BATCH)
     cluster.worker("b", concurrency=BATCH)
     keys: list[str] = []
-    for size in _batches(RUNS):
-        ids = _send(cluster.queue, size, pause=4.0)
+    for size in batches(RUNS):
+        ids = send(cluster.queue, size, pause=4.0)
         wait_for(
             lambda ids=ids: all(cluster.store.get(i) and cluster.store.get(i).done for i in ids),
             90,
@@ -253,7 +222,7 @@ def test_indeterminate_outcomes(cluster: Cluster, request: pytest.FixtureRequest
     env = {"CELERY_FENCE_STORE_FAULTS": INDETERMINATE, "CELERY_FENCE_STORE_FAULTS_LOG": str(log)}
     cluster.worker("a", concurrency=BATCH, env=env)
     keys: list[str] = []
-    for size in _batches(RUNS):
+    for size in batches(RUNS):
         ids = [str(uuid.uuid4()) for _ in range(size)]
         results = [chaos_joined.apply_async((i,), task_id=i) for i in ids]
         assert [r.get(timeout=120)["item"] for r in results] == ids

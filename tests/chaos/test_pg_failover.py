@@ -1,4 +1,4 @@
-"""PostgreSQL failover on real workers (issue 18, point 3): the primary SIGKILLed mid-run (its whole
+"""PostgreSQL failover on real workers: the primary SIGKILLed mid-run (its whole
 process group) and its streaming standby promoted, the store on a libpq multi-host URL
 (``target_session_attrs=read-write``) finding the new primary by itself.
 
@@ -28,13 +28,12 @@ import pytest
 from sqlalchemy import text
 
 from celery_fence.verify import verify_store
-from tests.integration.conftest import Cluster
 from tests.integration.workers import wait_for
+from tests.integration.world import Cluster
 
 from .checks import REPORT, RUNS, done, settle_and_check
 from .report import COLUMNS
-from .test_faults import _batches, _send, every_store
-from .test_store_faults import _all_started
+from .sending import all_started, batches, every_store, send
 
 pytestmark = pytest.mark.chaos
 RECOVER = ("--fence-recover", "--fence-recover-interval", "1")
@@ -45,12 +44,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("cluster", every_store("postgresql-sync-standby", restartable="1"), indirect=True)
 def test_the_primary_killed_and_a_synchronous_standby_promoted(cluster: Cluster) -> None:
-    cluster.worker("a", concurrency=max(_batches(RUNS)), extra=RECOVER)
+    cluster.worker("a", concurrency=max(batches(RUNS)), extra=RECOVER)
     keys: list[str] = []
     issued: list[tuple[str, int, str]] = []
-    for size in _batches(RUNS):
-        ids = _send(cluster.queue, size, pause=2.0)
-        wait_for(lambda ids=ids: _all_started(cluster, ids), 60, "the runs to start")
+    for size in batches(RUNS):
+        ids = send(cluster.queue, size, pause=2.0)
+        wait_for(lambda ids=ids: all_started(cluster, ids), 60, "the runs to start")
         issued += _history(cluster.server.primary.port)
         with cluster.server.failing_over():
             wait_for(lambda ids=ids: all(done(cluster, i) for i in ids), 120, "the runs to finish")
@@ -72,20 +71,20 @@ def test_the_primary_killed_and_a_lagging_asynchronous_standby_promoted(
     cluster: Cluster, remedy: bool
 ) -> None:
     pair = cluster.server
-    cluster.worker("a", concurrency=2 * max(_batches(RUNS)), extra=RECOVER)
+    cluster.worker("a", concurrency=2 * max(batches(RUNS)), extra=RECOVER)
     keys: list[str] = []
     healed: list[str] = []  # the keys that must finish again on the new primary
     issued: list[tuple[str, int, str]] = []
-    for size in _batches(RUNS):
+    for size in batches(RUNS):
         third = size // 3
-        held = _send(cluster.queue, size - 2 * third, pause=2.0)  # acquired before the lag, done during it
-        wait_for(lambda ids=held: _all_started(cluster, ids), 60, "the runs to start")
+        held = send(cluster.queue, size - 2 * third, pause=2.0)  # acquired before the lag, done during it
+        wait_for(lambda ids=held: all_started(cluster, ids), 60, "the runs to start")
         pair.wait_replayed()
         pair.stop_replication()
         wait_for(lambda ids=held: all(done(cluster, i) for i in ids), 60, "completions on the old primary")
-        started = _send(cluster.queue, third, pause=60.0, hold=True)  # acquired in the lag, running at kill
-        wait_for(lambda ids=started: _all_started(cluster, ids), 60, "the runs to start")
-        quick = _send(cluster.queue, third, pause=0.0)  # acquired and completed during the lag
+        started = send(cluster.queue, third, pause=60.0, hold=True)  # acquired in the lag, running at kill
+        wait_for(lambda ids=started: all_started(cluster, ids), 60, "the runs to start")
+        quick = send(cluster.queue, third, pause=0.0)  # acquired and completed during the lag
         wait_for(lambda ids=quick: all(done(cluster, i) for i in ids), 60, "completions on the old primary")
         for n in range(FILLER):  # a busy store: other keys take tokens too
             cluster.store.acquire(f"filler-{pair.failovers}-{n}", "filler", 60)

@@ -1,4 +1,4 @@
-"""Redis Cluster failover (issue 18, point 2): a primary SIGKILLed mid-run and its replica promoted, on real
+"""Redis Cluster failover: a primary SIGKILLed mid-run and its replica promoted, on real
 ``celery worker`` processes, counted as it is.
 
 Redis replicates asynchronously: a write the primary acknowledged but had not sent to its replica is gone
@@ -37,15 +37,14 @@ import redis
 from sqlalchemy import text
 
 from celery_fence.stores.redis.cluster import slot_tag
-from tests.contract.harness_redis import RedisServer
-from tests.contract.harness_redis_cluster import RedisClusterServers
-from tests.integration.conftest import Cluster
 from tests.integration.fenced_app import chaos
 from tests.integration.workers import wait_for
+from tests.integration.world import Cluster
+from tests.servers.redis import RedisServer
+from tests.servers.redis_cluster import RedisClusterServers
 
 from .checks import REPORT, RUNS, done, settle_and_check
-from .test_faults import BATCH, _batches, _send, every_store
-from .test_store_faults import _all_started
+from .sending import BATCH, all_started, batches, every_store, send
 
 pytestmark = pytest.mark.chaos
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,8 +102,15 @@ def _advance(cluster: Cluster) -> float:
     """``celery fence advance`` as an operator runs it; its wall time."""
     started = time.monotonic()
     args = [sys.executable, "-m", "celery", "-A", "tests.integration.fenced_app", "fence", "advance"]
-    ran = subprocess.run([*args, "--gap", "1000"], check=False, env={**os.environ, **cluster.env}, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    ran = subprocess.run(
+        [*args, "--gap", "1000"],
+        check=False,
+        env={**os.environ, **cluster.env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ran.returncode == 0, ran.stderr
     return time.monotonic() - started
 
@@ -133,9 +139,9 @@ def test_a_primary_killed_and_its_replica_promoted_mid_run(cluster: Cluster, rem
     counts = {"tokens_lost": 0, "reissued": 0, "completions_lost": 0, "ran_again": 0, "advance_seconds": 0.0}
     forgotten: set[str] = set()
     lost_ranges: dict[str, list[tuple[int, int]]] = {}
-    for size in _batches(RUNS):
-        early = _send(cluster.queue, size, pause=1.0)
-        wait_for(lambda early=early: _all_started(cluster, early), 60, "the runs to start")
+    for size in batches(RUNS):
+        early = send(cluster.queue, size, pause=1.0)
+        wait_for(lambda early=early: all_started(cluster, early), 60, "the runs to start")
         primary, replica = _pair(servers, [store._names.name_of("lease", k) for k in early])
         late = _ids_on(cluster, primary, size)
         os.kill(replica.process.pid, signal.SIGSTOP)  # the replica falls behind...
@@ -143,7 +149,7 @@ def test_a_primary_killed_and_its_replica_promoted_mid_run(cluster: Cluster, rem
             client.execute_command("CLIENT", "KILL", "TYPE", "replica")
         for task_id in late:  # ...while these acquire, acknowledged, on the primary
             chaos.apply_async((task_id,), {"pause": 1.0}, task_id=task_id, queue=cluster.queue)
-        wait_for(lambda late=late: _all_started(cluster, late), 60, "the late runs to start")
+        wait_for(lambda late=late: all_started(cluster, late), 60, "the late runs to start")
         os.killpg(os.getpgid(worker.proc.pid), signal.SIGSTOP)
         batch = early + late
         before, done_before, _ = _read(primary, store, batch)
@@ -185,4 +191,3 @@ def test_a_primary_killed_and_its_replica_promoted_mid_run(cluster: Cluster, rem
     assert counts["tokens_lost"] > 0, "no acknowledged token was lost: the fault did not bite"
     if remedy == "advance":
         assert counts["reissued"] == 0, f"a token was issued twice after advance: {counts}"
-

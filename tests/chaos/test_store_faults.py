@@ -16,14 +16,14 @@ from celery import chain
 from sqlalchemy import text
 
 from celery_fence.testing import StoreProxy
-from tests.contract.restartable import RESTARTABLE
-from tests.contract.sqlite_holder import holding_write_lock
-from tests.integration.conftest import Cluster
 from tests.integration.fenced_app import chaos
 from tests.integration.workers import wait_for
+from tests.integration.world import Cluster
+from tests.servers.restartable import RESTARTABLE
+from tests.servers.sqlite_holder import holding_write_lock
 
 from .checks import RUNS, done, settle_and_check
-from .test_faults import AND_RABBITMQ, BATCH, _batches, _send, assert_every_key_ran_twice, every_store
+from .sending import AND_RABBITMQ, BATCH, all_started, assert_every_key_ran_twice, batches, every_store, send
 
 pytestmark = pytest.mark.chaos
 
@@ -86,11 +86,11 @@ def test_connections_killed_during_renew_and_completion(
         extra=("--fence-recover", "--fence-recover-interval", "1"),
     )
     keys: list[str] = []
-    for size in _batches(RUNS):
+    for size in batches(RUNS):
         block = points / "before-complete.block"
         block.touch()
         with _every(0.4, lambda: kill(cluster)):  # while the bodies run, their renews lose connections
-            ids = _send(cluster.queue, size, pause=2.5)
+            ids = send(cluster.queue, size, pause=2.5)
             wait_for(
                 lambda size=size: len(list(points.glob("before-complete.*.reached"))) >= size,
                 90,
@@ -114,24 +114,20 @@ def test_latency_and_a_cut_on_the_path_to_the_store(cluster: Cluster, request: p
             "a", concurrency=BATCH, env=env, extra=("--fence-recover", "--fence-recover-interval", "1")
         )
         keys: list[str] = []
-        for number, size in enumerate(_batches(RUNS)):
+        for number, size in enumerate(batches(RUNS)):
             if number % 2 == 0:  # latency: every chunk held 50 ms, both ways
                 proxy.delay(0.05)
-                ids = _send(cluster.queue, size, pause=0.5)
+                ids = send(cluster.queue, size, pause=0.5)
             else:  # a cut longer than the ttl while the bodies run, then the path comes back
                 proxy.delay(0.0)
-                ids = _send(cluster.queue, size, pause=1.0)
-                wait_for(lambda ids=ids: _all_started(cluster, ids), 60, "the runs to start")
+                ids = send(cluster.queue, size, pause=1.0)
+                wait_for(lambda ids=ids: all_started(cluster, ids), 60, "the runs to start")
                 proxy.cut()
                 time.sleep(3.0)  # the fault itself lasts this long (ttl 2 s): not a wait for a condition
                 proxy.restore()
             wait_for(lambda ids=ids: all(done(cluster, i) for i in ids), 120, "the runs to finish")
             keys += ids
         settle_and_check(cluster, store, "latency 50 ms / cut 3 s", keys)
-
-
-def _all_started(cluster: Cluster, ids: list[str]) -> bool:
-    return all(any(cluster.workdir.glob(f"{i}.*.started")) for i in ids)
 
 
 @pytest.mark.parametrize("cluster", every_store(*RESTARTABLE, restartable="1"), indirect=True)
@@ -143,9 +139,9 @@ def test_the_store_restarted_mid_run(cluster: Cluster, request: pytest.FixtureRe
         "a", concurrency=BATCH, extra=("--fence-recover", "--fence-recover-interval", "1")
     )
     keys: list[str] = []
-    for number, size in enumerate(_batches(RUNS)):
-        ids = _send(cluster.queue, size, pause=2.0)
-        wait_for(lambda ids=ids: _all_started(cluster, ids), 60, "the runs to start")
+    for number, size in enumerate(batches(RUNS)):
+        ids = send(cluster.queue, size, pause=2.0)
+        wait_for(lambda ids=ids: all_started(cluster, ids), 60, "the runs to start")
         cluster.server.crash()
         time.sleep(3.0 if number % 2 else 1.0)  # the outage itself: not a wait for a condition
         cluster.server.start()
@@ -165,7 +161,7 @@ def test_the_store_down_at_acquire(cluster: Cluster, request: pytest.FixtureRequ
     store = request.node.callspec.id
     worker = cluster.worker("a", concurrency=BATCH)
     keys: list[str] = []
-    for size in _batches(RUNS):
+    for size in batches(RUNS):
         ids = _ids(size)
         with _store_down(cluster, store):
             results = [chaos.apply_async((i,), task_id=i) for i in ids]
@@ -205,7 +201,7 @@ def test_a_whole_worker_killed_mid_chain_is_recovered(
     interval = ("--fence-recover-interval", "0.5")
     keys: list[str] = []
     firsts: list[str] = []
-    for number, size in enumerate(_batches(RUNS)):
+    for number, size in enumerate(batches(RUNS)):
         doomed = cluster.worker(f"doomed-{number}", concurrency=BATCH, extra=interval)
         ids = _ids(size)
         chains = [
@@ -216,7 +212,7 @@ def test_a_whole_worker_killed_mid_chain_is_recovered(
             for i in ids
         ]
         results = [c.apply_async() for c in chains]
-        wait_for(lambda ids=ids: _all_started(cluster, ids), 60, "the first runs to start")
+        wait_for(lambda ids=ids: all_started(cluster, ids), 60, "the first runs to start")
         os.killpg(os.getpgid(doomed.proc.pid), signal.SIGKILL)  # the whole worker: nobody releases or acks
         doomed.proc.wait(10)
         rescuer = cluster.worker(f"rescuer-{number}", concurrency=BATCH, extra=interval)

@@ -1,4 +1,4 @@
-"""A whole worker SIGKILLed under load (issue 27, point 14): the messages the broker loses before any run
+"""A whole worker SIGKILLed under load: the messages the broker loses before any run
 took their key.
 
 Three workers share the load: ``FENCE_SOAK_RUNS`` x 5 keys, each sent three times as three task ids of
@@ -33,13 +33,13 @@ from celery.result import AsyncResult
 from celery.states import READY_STATES
 
 from celery_fence.verify import verify_store
-from tests.integration.conftest import Cluster
 from tests.integration.fenced_app import record_keyed
 from tests.integration.rabbitmq import ready_messages
 from tests.integration.workers import Worker, wait_for
+from tests.integration.world import Cluster
 
 from .checks import REPORT, RUNS, Tally, done
-from .test_faults import AND_RABBITMQ, BATCH, every_store
+from .sending import AND_RABBITMQ, BATCH, every_store
 
 pytestmark = pytest.mark.chaos
 COPIES = 3  # task ids per key

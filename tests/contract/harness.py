@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import signal
-import subprocess
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -24,18 +22,6 @@ from celery_fence.stores.memory import MemoryStore
 from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import FakeClock
 from celery_fence.testing import StoreHarness as Harness
-
-
-def end_process(process: subprocess.Popen[bytes] | None, signum: int = signal.SIGTERM) -> None:
-    """Send ``signum`` to a server this suite started (by pid, never by name) and reap it."""
-    if process is None or process.poll() is not None:
-        return
-    process.send_signal(signum)
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def _memory(request: pytest.FixtureRequest) -> Iterator[Any]:

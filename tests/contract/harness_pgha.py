@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from ..servers.pg_pair import PostgresPair, multi_host_url, postgres_pair
 from .harness import Harness, _sql_expire, pg_schema_store
-from .pg_pair import PostgresPair, multi_host_url, postgres_pair
 
 __all__ = ["HARNESS"]
 

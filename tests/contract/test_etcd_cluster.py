@@ -17,9 +17,9 @@ from celery_fence.stores import store_class
 from celery_fence.stores.etcd import EtcdStore
 from celery_fence.testing import StoreProxy, wait_for
 
-from .harness_etcd import open_store_at
-from .harness_etcd_cluster import EtcdCluster, private_cluster
-from .scripted_http import ScriptedServer
+from ..servers.etcd import open_store_at
+from ..servers.etcd_cluster import EtcdCluster, private_cluster
+from ..servers.scripted_http import ScriptedServer
 
 TTL = 30.0
 
@@ -52,7 +52,9 @@ def test_a_list_of_endpoints_names_every_member() -> None:
     store = EtcdStore("etcd://10.0.0.1:2379,10.0.0.2,[::1]:2380/app")
     assert store.url == "etcd://10.0.0.1:2379,10.0.0.2:2379,[::1]:2380/app/"
     assert [t.base_url for t in store.gw.members.transports] == [
-        "http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://[::1]:2380"
+        "http://10.0.0.1:2379",
+        "http://10.0.0.2:2379",
+        "http://[::1]:2380",
     ]
     assert EtcdStore(store.url).url == store.url  # a worker opens the same members and keys
 

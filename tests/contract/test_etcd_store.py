@@ -32,9 +32,11 @@ from celery_fence.stores.etcd.gateway import get as range_of
 from celery_fence.stores.etcd.gateway import put
 from celery_fence.stores.etcd.http import EtcdConnection
 from celery_fence.stores.etcd.leases import lease_seconds
+from celery_fence.testing import free_port
 
+from ..servers.etcd import EtcdServer
 from .harness import HARNESSES  # first: harness.py imports harness_etcd itself
-from .harness_etcd import EtcdServer, free_port, shared_server
+from .harness_etcd import shared_server
 
 TTL = 30.0
 
@@ -74,7 +76,9 @@ def _granted_ttl(store: EtcdStore, lease_id: int) -> int:
     return int(store.gw.call("/lease/timetolive", {"ID": str(lease_id)})["grantedTTL"])
 
 
-def test_round_trips(estore: EtcdStore, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_http_round_trips_of_each_operation_renew_the_same_for_any_count(
+    estore: EtcdStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     trips = RoundTrips(monkeypatch)
     assert trips.count(estore.acquire, "first", "w", TTL) == 2  # grant of the process's etcd lease + Txn
     assert trips.paths == ["/lease/grant", "/kv/txn"]
@@ -246,7 +250,7 @@ def test_prune_drops_steps_and_history(estore: EtcdStore) -> None:
     assert estore.prune(3600) == 0
     assert estore.prune(0) == 1
     assert (estore.get("k"), estore.steps("k")) == (None, {})
-    # the history goes with the key (issue 14: growth is bounded); one marker takes its place (issue 13.5)
+    # the history goes with the key (growth is bounded); one marker takes its place
     assert [(e.event, e.token) for e in estore.history("k")] == [("pruned", lease.token)]
     assert estore.get("live") is not None
     estore.complete(live, 2)

@@ -1,4 +1,4 @@
-"""Every exit of a run ends right, through Celery's in-process worker (issue 25): what the body and Celery do
+"""Every exit of a run ends right, through Celery's in-process worker: what the body and Celery do
 around the store. A time limit that lands while the completion's reply is due or after it answered, a failed
 run whose release was lost, and the headers a copy inherits."""
 
@@ -22,8 +22,8 @@ from celery_fence.signals import lease_duplicate
 from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome, wait_for
 
+from ..support.inprocess import memory_app, running_worker
 from .harness import HARNESSES, Harness, harness_params
-from .inprocess import memory_app, running_worker
 
 STORES = ("memory", "sqlite", "postgresql")
 EFFECTS = "fence_test_exit_effects"

@@ -1,5 +1,5 @@
-"""Growth is bounded (issue 14, point 6): ``prune`` drops the history of the keys it drops, on every store,
-and a store's raw size stays flat across many acquire / complete / prune cycles. Since issue 13 (point 5) a
+"""Growth is bounded: ``prune`` drops the history of the keys it drops, on every store,
+and a store's raw size stays flat across many acquire / complete / prune cycles. A
 pruned key leaves one ``pruned`` marker, which a later prune drops once it is older than the age: the markers
 of one cycle at most."""
 
@@ -12,6 +12,8 @@ from sqlalchemy import text
 
 from celery_fence.stores.etcd.gateway import get
 from celery_fence.testing.contract.checks import TTL
+
+from ..servers.redis_cluster import primary_clients
 
 CYCLES, KEYS_PER_CYCLE = 5, 20
 
@@ -45,12 +47,10 @@ def redis_footprint(client: Any, prefix: str, skip: tuple[str, ...] = ()) -> int
 
 
 def cluster_footprint(store: Any) -> int:
-    from .harness_redis_cluster import _shared
-
     counters = (f"{store.prefix}counter:{{", f"{store.prefix}high:{{")
     size = 0
-    for node in _shared[0].primary_nodes():
-        with node.client() as client:
+    for client in primary_clients(store.url):
+        with client:
             size += redis_footprint(client, store.prefix, counters)
     return size
 
@@ -70,7 +70,7 @@ def test_prune_drops_the_history_of_the_keys_it_drops(store: Any) -> None:
         store.complete(lease, 1)
     live = store.acquire("live", "w", TTL)
     assert store.prune(0.0) == 2
-    for key in ("a", "b"):  # one marker takes the place of the key's history (issue 13, point 5)
+    for key in ("a", "b"):  # one marker takes the place of the key's history
         assert [(e.event, e.owner) for e in store.history(key)] == [("pruned", None)]
     assert {e.key for e in store.history() if e.event != "pruned"} == {"live"}
     assert store.renew([live], TTL) == []

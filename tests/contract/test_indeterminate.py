@@ -30,8 +30,8 @@ from celery_fence.testing import Fault, IndeterminateStore, Outcome
 from celery_fence.verify import verify_store
 from celery_fence.worker.bootstep import settle_owed_records
 
+from ..support.inprocess import memory_app, running_worker
 from .harness import HARNESSES, Harness, harness_params
-from .inprocess import memory_app, running_worker
 
 STORES = ("memory", "sqlite", "postgresql", "redis", "redis_cluster", "etcd_cluster")  # etcd_cluster: marked
 EFFECTS = "fence_test_effects"

@@ -1,4 +1,4 @@
-"""Owner strings that repeat (issue 25, finding 8): the store API takes any owner, and identity is the token.
+"""Owner strings that repeat: the store API takes any owner, and identity is the token.
 
 An acquire returns a token above every token issued before, whatever the owner string; the one exception,
 the lost-reply resolution, returns only a live lease of that owner (a retried call finds the lease it
@@ -22,8 +22,8 @@ from sqlalchemy import text
 from celery_fence import LeaseHeld, StaleToken, StoreUnavailable, open_store
 from celery_fence.testing.contract.checks import TTL, audits
 
+from ..support.racing import in_processes
 from .harness import harness_params
-from .racing import in_processes
 
 RACE_TTL = 0.2  # the issue's: short enough that some acquisitions meet their own expired lease
 PROCESSES, WINS = 8, 50  # each process acquires the key WINS times, always under one owner string

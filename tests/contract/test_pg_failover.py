@@ -1,4 +1,4 @@
-"""The SQL store on a PostgreSQL primary and standby (issue 18, point 3): the libpq multi-host URL, no
+"""The SQL store on a PostgreSQL primary and standby: the libpq multi-host URL, no
 statement ever on the standby, the same store object on the new primary after a failover, and what an
 asynchronous failover does to the token counter (and ``advance``, its remedy)."""
 
@@ -17,7 +17,7 @@ from celery_fence import ConfigurationError, StoreUnavailable, open_store
 from celery_fence.stores.sql import SQLStore
 from celery_fence.stores.urls import mask_url
 
-from .pg_pair import PostgresPair, multi_host_url, postgres_pair
+from ..servers.pg_pair import PostgresPair, multi_host_url, postgres_pair
 
 TWO = "postgresql+psycopg://app:s3cret@/shop?host=10.0.0.1:5432&host=10.0.0.2:5433"
 

@@ -1,4 +1,4 @@
-"""The Redis store's cluster mode (``?cluster=true``, issue 18 point 2) beyond the contract suite: its URL
+"""The Redis store's cluster mode (``?cluster=true``) beyond the contract suite: its URL
 forms, its names (each in the slot of its key; no store-wide name), and its driver errors."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from celery_fence.stores.redis.server import OneServer
 from celery_fence.testing import free_port
 from celery_fence.testing.contract.checks import TTL
 
-from .harness_redis_cluster import drop_prefix, shared_cluster
+from ..servers.redis_cluster import drop_cluster_prefix
+from .harness_redis_cluster import shared_cluster
 
 
 @pytest.mark.parametrize(
@@ -49,7 +50,7 @@ def cluster_store(request: pytest.FixtureRequest) -> Any:
     store = open_store(servers.url("tc:"))
     yield store, servers
     store.close()
-    drop_prefix(servers, "tc:")
+    drop_cluster_prefix(servers, "tc:")
 
 
 def test_every_name_is_in_the_slot_of_its_key_and_none_is_store_wide(cluster_store: Any) -> None:

@@ -37,10 +37,12 @@ from celery_fence.errors import (
 from celery_fence.lease import Lease, LeaseState, new_owner
 from celery_fence.stores.redis import RedisStore
 from celery_fence.stores.redis import store as redis_store
+from celery_fence.testing import free_port
 
+from ..servers.redis import RedisServer, drop_prefix
+from ..support.reconnect import OPERATIONS, run_and_check
 from .harness import HARNESSES  # first: harness imports harness_redis (a spawned child starts here)
-from .harness_redis import RedisServer, drop_prefix, free_port, shared_server
-from .reconnect import OPERATIONS, run_and_check
+from .harness_redis import shared_server
 
 TTL = 30.0
 
@@ -229,7 +231,7 @@ def test_evicted_counter_is_refused_for_a_new_key_too(
 def test_empty_restart_is_the_documented_limit_and_advance_heals_it(tmp_path: Path) -> None:
     """A restart without persistence leaves nothing to compare with (the documented limit: tokens start
     over). A holder that comes back presents a token above the counter, but a presented token is no
-    evidence (it may be forged, issue 14): it is refused and moves nothing. ``advance`` heals the store."""
+    evidence (it may be forged): it is refused and moves nothing. ``advance`` heals the store."""
     own = RedisServer(tmp_path).start()
     try:
         store = open_store(own.url())

@@ -2,16 +2,15 @@
 Celery's in-process worker (threads pool: runs overlap) on every store that serves several processes.
 
 - A task id that lost its key to another task id ends ready: the winner's result once the key is done,
-  else a FenceError naming the winner (review point 6); never PENDING for ever, also with
+  else a FenceError naming the winner; never PENDING for ever, also with
   ``fence_on_busy="ignore"``.
 - Two copies of one task id meet under a custom ``fence_key``: the copy is absorbed whatever
-  ``fence_on_busy`` says, and the caller never sees a failure (issue "recovery and outages", point 5); it
-  looks at the key again soon, without spending ``max_retries`` (issue 15, point 10).
+  ``fence_on_busy`` says, and the caller never sees a failure; it
+  looks at the key again soon, without spending ``max_retries``.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,8 +26,8 @@ from celery_fence._runtime import runtime_for
 from celery_fence.signals import lease_duplicate
 from celery_fence.testing import wait_for
 
+from ..support.inprocess import Gates, memory_app, running_worker
 from .harness import Harness
-from .inprocess import memory_app, running_worker
 
 STORES = ("memory", "sqlite", "postgresql", "redis")
 
@@ -38,21 +37,6 @@ def harness(request: pytest.FixtureRequest) -> Harness:
     from .harness import HARNESSES
 
     return HARNESSES[request.param]
-
-
-class Gates:
-    """A run named ``tag`` waits in its body until the test opens its gate."""
-
-    def __init__(self) -> None:
-        self._gates: dict[str, threading.Event] = {}
-        self.entered: set[str] = set()
-
-    def wait(self, tag: str) -> None:
-        self.entered.add(tag)
-        self._gates.setdefault(tag, threading.Event()).wait(30)
-
-    def open(self, tag: str) -> None:
-        self._gates.setdefault(tag, threading.Event()).set()
 
 
 @pytest.fixture

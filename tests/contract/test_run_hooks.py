@@ -20,9 +20,8 @@ from celery_fence.renewer import Renewer
 from celery_fence.signals import lease_duplicate, lease_lost
 from celery_fence.testing import wait_for
 
+from ..support.inprocess import Gates, memory_app, running_worker
 from .harness import HARNESSES, Harness
-from .inprocess import memory_app, running_worker
-from .test_run_endings import Gates
 
 TTL = 30.0
 

@@ -27,9 +27,9 @@ from celery_fence.stores.sql import SQLStore
 from celery_fence.stores.sql.engine import SessionLimits
 from celery_fence.testing import wait_for
 
+from ..support.racing import race
+from ..support.reconnect import OPERATIONS, run_and_check
 from .harness import HARNESSES
-from .racing import race
-from .reconnect import OPERATIONS, run_and_check
 
 TTL = 30.0
 

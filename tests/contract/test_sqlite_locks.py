@@ -19,7 +19,7 @@ from celery_fence.stores.sql.engine import SessionLimits
 from celery_fence.stores.waits import lock_wait
 from celery_fence.testing import wait_for
 
-from .sqlite_holder import holding_write_lock
+from ..servers.sqlite_holder import holding_write_lock
 
 CAUSE = "the SQLite database is locked by another process's open transaction (a stopped or slow worker?)"
 LONG_BUSY = SessionLimits(lock=60.0)  # a store that would wait a minute for the lock on its own

@@ -9,8 +9,8 @@ from sqlalchemy.engine import make_url
 
 from celery_fence import ConfigurationError, Lease, StoreUnavailable, open_store
 
-from .reconnect import OPERATIONS, TTL, run_and_check
-from .restartable import RESTARTABLE, restartable_store
+from ..servers.restartable import RESTARTABLE, restartable_store
+from ..support.reconnect import OPERATIONS, TTL, run_and_check
 
 
 @pytest.mark.parametrize("name", RESTARTABLE)

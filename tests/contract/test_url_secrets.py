@@ -1,4 +1,4 @@
-"""No secret in errors (issue 14, point 11): every kind of bad store URL, with a password in it, is opened
+"""No secret in errors: every kind of bad store URL, with a password in it, is opened
 and used; no message, ``repr``, chained cause or log record may show the password."""
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_the_fault_kit_masks_urls_too(url: str) -> None:
         (None, "None"),
     ],
 )
-def test_mask_url(url: Any, shown: str) -> None:
+def test_mask_url_hides_the_password_of_every_url_form(url: Any, shown: str) -> None:
     assert mask_url(url) == shown
 
 

@@ -25,7 +25,7 @@ import pytest
 
 from celery_fence.testing import free_port
 
-from ..conftest import require_server
+from ..support.required import require_server
 
 HOST, PORT, USER, PASSWORD = "127.0.0.1", 5672, "guest", "guest"
 # The Debian wrapper in /usr/sbin switches to the rabbitmq user; the script behind it runs as the caller.

@@ -1,4 +1,4 @@
-"""Canvas on real workers (issue 13, point 7): chains, groups and chords of fenced tasks advance exactly once
+"""Canvas on real workers: chains, groups and chords of fenced tasks advance exactly once
 under duplicates, the broker's own redelivery, a takeover and a refusal. Redis broker, Redis result backend,
 PostgreSQL lease store.
 
@@ -20,9 +20,9 @@ from celery import chain, chord, group
 
 from celery_fence import LeaseHeld
 
-from .conftest import Cluster
 from .fenced_app import after, record, record_keyed, record_keyed_or_fail, runs_of
 from .workers import marks, wait_for
+from .world import Cluster
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ from sqlalchemy import text
 
 from celery_fence import StaleToken, open_store
 from celery_fence.lease import Lease
-from tests.conftest import require_server
-from tests.contract.checks import dump
+from celery_fence.testing.contract.checks import dump
+from tests.support.required import require_server
 
 pytestmark = pytest.mark.integration
 

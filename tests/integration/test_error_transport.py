@@ -6,8 +6,8 @@ import pytest
 
 from celery_fence import errors
 
-from .conftest import Cluster
 from .fenced_app import raises
+from .world import Cluster
 
 pytestmark = pytest.mark.integration
 

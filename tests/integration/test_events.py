@@ -1,5 +1,5 @@
 """What a real worker started with ``-E`` publishes: Celery's own task events for an ordinary fenced run and
-no ``task-fence-*`` event of its own (issue 16.1), and a ``task-fence-takeover`` for a run that took a
+no ``task-fence-*`` event of its own, and a ``task-fence-takeover`` for a run that took a
 silent holder's lease over."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from celery.events.state import State
 
-from .conftest import Cluster
 from .fenced_app import record, record_keyed
 from .workers import marks, wait_for
+from .world import Cluster
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Every exit of a run ends right on real ``celery worker`` processes (issue 25): what the body does around
+"""Every exit of a run ends right on real ``celery worker`` processes: what the body does around
 the store, not only what the store answers."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import uuid
 import pytest
 from sqlalchemy import text
 
-from .conftest import Cluster, effects_engine
 from .fenced_app import insert_if_absent, send_parcel
 from .workers import marks, wait_for
+from .world import Cluster, effects_engine
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,9 @@ from celery_fence import StoreUnavailable, open_store
 from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import StoreProxy, WorkerFactory, assert_history_clean, wait_for
 
-from .conftest import Cluster
 from .fenced_app import record
 from .workers import marks
+from .world import Cluster
 
 pytestmark = pytest.mark.integration
 

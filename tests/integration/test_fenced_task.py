@@ -10,9 +10,9 @@ import uuid
 
 import pytest
 
-from .conftest import RABBITMQ, STORES, Cluster, on_every_store, on_rabbitmq
 from .fenced_app import flaky, record, record_keyed, sleeper
 from .workers import marks, wait_for
+from .world import RABBITMQ, STORES, Cluster, on_every_store, on_rabbitmq
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ import pytest
 
 from celery_fence.testing import free_port
 
-from .conftest import Cluster
 from .fenced_app import record, sleeper
 from .workers import CELERY, ROOT, marks, wait_for
+from .world import Cluster
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ import pytest
 
 from celery_fence.testing import free_port
 
-from .conftest import Cluster, on_every_store
 from .fenced_app import record
 from .workers import marks, wait_for
+from .world import Cluster, on_every_store
 
 pytestmark = pytest.mark.integration
 

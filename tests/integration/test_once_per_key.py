@@ -14,9 +14,9 @@ import signal
 
 import pytest
 
-from .conftest import Cluster
 from .fenced_app import write_then
 from .workers import marks, wait_for
+from .world import Cluster
 
 
 def writes(cluster: Cluster, task_id: str) -> int:

@@ -15,7 +15,7 @@ import pytest
 
 from celery_fence.testing import Worker
 
-from .conftest import BACKEND_DB, BROKER_DB
+from .world import BACKEND_DB, BROKER_DB
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""RabbitMQ's own redeliveries on real workers (issue 27, point 13).
+"""RabbitMQ's own redeliveries on real workers.
 
 A task that runs past RabbitMQ's ``consumer_timeout`` gets its channel closed, and its unacked message goes
 back to the queue **while the first run is still going**. The node here is private, with a consumer timeout
@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 
-from .conftest import Cluster, on_rabbitmq
 from .fenced_app import record
 from .workers import marks, wait_for
+from .world import Cluster, on_rabbitmq
 
 pytestmark = pytest.mark.integration
 

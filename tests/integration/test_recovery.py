@@ -14,17 +14,17 @@ from celery import chain
 from celery.result import AsyncResult
 from kombu import Exchange, Queue
 
-from .conftest import Cluster, on_rabbitmq
 from .fenced_app import record
 from .rabbitmq import ready_messages
 from .workers import marks, wait_for
+from .world import Cluster, on_rabbitmq
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.mark.parametrize("cluster", [pytest.param({}, id="redis"), on_rabbitmq()], indirect=True)
 def test_a_chain_whose_worker_was_killed_mid_run_goes_on_once_recovered(cluster: Cluster) -> None:
-    """chain(work, after) on a queue whose routing key differs from its name (issue 14, point 7): recovery
+    """chain(work, after) on a queue whose routing key differs from its name: recovery
     re-sends the same message (its chain included) to that exchange and queue, so ``after`` runs once.
     On RabbitMQ the broker itself returns the message when the worker's connection dies (before the next
     worker starts); whichever copy comes first takes the key over, and ``after`` still runs once."""

@@ -17,7 +17,7 @@ from celery import Celery
 from celery_fence.stores.sql import SQLStore
 from celery_fence.worker.bootstep import FenceRecovery
 from celery_fence.worker.election import Election
-from tests.contract.sqlite_holder import holding_write_lock
+from tests.servers.sqlite_holder import holding_write_lock
 
 pytestmark = pytest.mark.integration
 

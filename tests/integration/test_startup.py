@@ -16,8 +16,8 @@ from sqlalchemy import create_engine, make_url, text
 
 from celery_fence.testing import Worker
 
-from .conftest import Cluster
 from .workers import CELERY, ROOT
+from .world import Cluster
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The same programs without Celery's tracer: ``Run`` through a fake host (issue 26).
+"""The same programs without Celery's tracer: ``Run`` through a fake host.
 
 :class:`BareWorker` runs a message as the task's ``__call__`` and Celery's tracer would, in a few lines:
 the message's request (Celery's plain ``Context``), ``Run`` with a :class:`BareHost`, the ending carried out

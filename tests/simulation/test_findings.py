@@ -21,7 +21,7 @@ KNOWN_LIMIT = "N4 a broker's second delivery re-runs a FAILURE"  # docs/reliabil
         for name in sorted(FINDINGS)
     ],
 )
-def test_finding(finding: str, request: pytest.FixtureRequest) -> None:
+def test_each_finding_program_runs_clean_to_its_end(finding: str, request: pytest.FixtureRequest) -> None:
     store, script = FINDINGS[finding]
     sim = request.getfixturevalue(f"{store}_sim")
     sim.strict_failure = finding == KNOWN_LIMIT

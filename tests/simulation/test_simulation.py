@@ -1,4 +1,4 @@
-"""The deterministic simulation of the real run (issue 26): hypothesis generates programs, the real
+"""The deterministic simulation of the real run: hypothesis generates programs, the real
 FencedTask/Run code runs them through Celery's tracer on a simulated broker, and the invariants of
 docs/guarantees.md (the guarantees, how a run ends) are checked after each (``checks.py``). A failure prints
 the program and its replay line.

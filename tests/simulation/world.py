@@ -464,7 +464,7 @@ class World:
         self.say(f"admin: celery fence prune -> {self.raw.prune(0.0)} (keys {sorted(self.pruned)})")
 
     def actor_acquire(self, key: str = "", owner: str = "") -> None:
-        """The store API used directly, with a repeated owner string (issue 25 finding 8)."""
+        """The store API used directly, with a repeated owner string."""
         key = key or f"actor:{self.prefix}{self.chooser.choose('actor key', (0, 1))}"
         owner = owner or self.chooser.choose("actor owner", ("actor-a", "actor-b"))
         before = self.raw.get(key)

@@ -10,7 +10,7 @@ from celery_fence.config import DEFAULTS, FenceConfig, check_prune_age, prune_mi
 from celery_fence.errors import ConfigurationError, InvalidArgument
 
 
-def test_defaults() -> None:
+def test_an_empty_conf_gives_the_documented_defaults() -> None:
     config = FenceConfig.from_conf({})
     assert config.store_url == "sqlite:///celery_fence.db"
     assert config.policy.ttl == 30.0

@@ -79,7 +79,7 @@ def test_only_an_answered_completion_succeeds_with_the_bodys_own_result() -> Non
 
 
 def test_work_whose_completion_committed_is_never_run_again_nor_refused() -> None:
-    """A committed completion whose reply was lost ends SUCCESS with its result (review point 2)."""
+    """A committed completion whose reply was lost ends SUCCESS with its result."""
     for facts in ALL:
         if facts.view is View.MINE_DONE and facts.event in BODY_OR_LATER:
             assert decide(facts) is Action.RETURN_STORED, facts
@@ -191,7 +191,7 @@ def test_a_copy_waits_a_ttl_for_a_finished_run_to_deliver_before_it_delivers_for
 @pytest.mark.parametrize(
     ("facts", "action"),
     [
-        (Facts(Event.HELD, View.HANDED_OFF), Action.TAKE_BACK),  # review point 3
+        (Facts(Event.HELD, View.HANDED_OFF), Action.TAKE_BACK),  # held by the attempt that sent this copy
         (Facts(Event.HELD, View.SAME_TASK), Action.ABSORB_LATER),  # a copy, whatever the key
         (Facts(Event.HELD, View.OTHER_TASK), Action.BUSY),
         (Facts(Event.HELD, View.FREE), Action.ACQUIRE_AGAIN),
@@ -212,7 +212,7 @@ def test_a_copy_waits_a_ttl_for_a_finished_run_to_deliver_before_it_delivers_for
         # ... once: a copy of this task id returned the winner's result already (its link fired)
         (Facts(Event.COMPLETE_REFUSED, View.OTHER_TASK_DONE, delivered=True), Action.REFUSE_IGNORE),
         (Facts(Event.REFUSED, View.OTHER_TASK_DONE, delivered=True), Action.REFUSE_IGNORE),
-        (Facts(Event.RETURNED_BLOCK_UNDONE), Action.COMPLETE),  # issue 25, finding 1
+        (Facts(Event.RETURNED_BLOCK_UNDONE), Action.COMPLETE),  # the body caught its block's error
         (Facts(Event.RETURNED_WORK_LOST), Action.REQUEUE),
         (Facts(Event.COMPLETE_INTERRUPTED, View.MINE_DONE), Action.RETURN_STORED),  # finding 2
         (Facts(Event.COMPLETE_INTERRUPTED, View.MINE_HELD), Action.FAIL),
@@ -221,7 +221,7 @@ def test_a_copy_waits_a_ttl_for_a_finished_run_to_deliver_before_it_delivers_for
         (Facts(Event.ENDED_BEFORE), Action.END_UNRUN),  # finding 4
     ],
 )
-def test_named_rows(facts: Facts, action: Action) -> None:
+def test_each_named_event_and_view_decides_its_action(facts: Facts, action: Action) -> None:
     assert decide(facts) is action
 
 
@@ -246,7 +246,7 @@ def state(token: int, *, done: bool = False, held: bool = True, task: str | None
         (state(6, task=None), View.OTHER_TASK),  # a holder that recorded nothing is not us
     ],
 )
-def test_view_of(seen: LeaseState | None, view: View) -> None:
+def test_the_lease_state_read_is_seen_as_its_view_for_this_run(seen: LeaseState | None, view: View) -> None:
     assert view_of(seen, token=5, task_id="t", handoff=4) is view
 
 

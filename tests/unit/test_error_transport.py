@@ -1,4 +1,4 @@
-"""The library's exceptions survive pickle and Celery's exception transport (issue 14, point 9): a client
+"""The library's exceptions survive pickle and Celery's exception transport: a client
 waiting on a result gets back the same error, with its fields, as the worker raised."""
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def test_the_docstring_tree_shows_the_real_stdlib_bases() -> None:
             assert not issubclass(cls, (ValueError, TypeError)), name
 
 
-def test_stdlib_bases() -> None:
+def test_bad_settings_and_input_are_value_errors_an_unserializable_result_a_type_error() -> None:
     assert issubclass(ConfigurationError, ValueError)
     assert issubclass(InvalidArgument, ValueError)
     assert issubclass(NotSerializable, TypeError)

@@ -34,7 +34,7 @@ def take_over(store: MemoryStore, clock: FakeClock, key: str = "order:1") -> Fen
     return Fence(store, store.acquire(key, "second", 30))
 
 
-def test_key_and_token(fence: Fence) -> None:
+def test_the_handle_shows_its_lease_key_token_and_owner(fence: Fence) -> None:
     assert (fence.key, fence.token) == ("order:1", 1)
     assert fence.lease.owner == "first"
 

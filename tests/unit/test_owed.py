@@ -1,4 +1,4 @@
-"""The records a process owes its store (issue 19): a run that gave up waiting out an unavailable store is
+"""The records a process owes its store: a run that gave up waiting out an unavailable store is
 recorded with ``strand``, at once if the store takes it, else kept by the process's runtime and written
 later; what is never written is logged at ERROR. A memory store behind the fault kit: no network, no sleeps.
 """

@@ -1,4 +1,4 @@
-"""``Run`` without Celery (issue 25): a fake host, the memory store, a fake clock, a renewer with no thread.
+"""``Run`` without Celery: a fake host, the memory store, a fake clock, a renewer with no thread.
 
 Each test drives the real run through one exit and checks the ending it returns as data, the store, and
 that every pause went through the runtime's sleep (the fake clock), never real time.

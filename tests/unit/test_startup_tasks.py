@@ -1,4 +1,4 @@
-"""The startup check's look at names and at each fenced task (issue 15, points 6, 8 and 11): misspelt
+"""The startup check's look at names and at each fenced task: misspelt
 ``fence_*`` settings and task options, acknowledgement settings judged per task, ``fence_key`` templates
 checked against the task's signature. Pure: an app object, no worker, no store."""
 

@@ -1,4 +1,4 @@
-"""The fault kit's lost replies reach a worker through the runtime's seam (issue 27, point 10): the runtime
+"""The fault kit's lost replies reach a worker through the runtime's seam: the runtime
 never imports the kit; a worker the kit starts with ``CELERY_FENCE_STORE_FAULTS`` loads
 ``celery_fence.testing._in_worker``, whose ``worker_init`` receiver wraps every store the app's runtimes open.
 A memory store: no worker process, no network (tests/integration/test_once_per_key.py runs a real one)."""

@@ -3,7 +3,7 @@
 Each server is durable the way production needs it to be for tokens never to go back: PostgreSQL with
 ``fsync``, Redis with ``appendonly yes`` and ``appendfsync always``, etcd as it is (its WAL is synced on every
 commit). A Redis without persistence loses its counter on restart; that case is the rewind guard's test.
-``etcd3`` is a 3-member etcd cluster of the test's own (:class:`~.harness_etcd_cluster.EtcdCluster`): its
+``etcd3`` is a 3-member etcd cluster of the test's own (:class:`~.etcd_cluster.EtcdCluster`): its
 members are killed, cut off and restarted one at a time.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,11 @@ import pytest
 
 from celery_fence import open_store
 
-from . import harness_etcd
-from .harness_etcd_cluster import private_cluster
-from .harness_redis import RedisServer
+from .etcd import open_store_at
+from .etcd_cluster import private_cluster
 from .pg_pair import postgres_pair
-from .pg_server import private_postgres
+from .postgres import private_postgres
+from .redis import RedisServer
 
 RESTARTABLE = ("postgresql", "redis", "etcd")
 # A primary and a streaming standby (pg_pair): ``server`` is the pair, ``server.failing_over()`` its fault.
@@ -81,7 +82,7 @@ def _redis(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
 @contextlib.contextmanager
 def _redis_cluster(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
     """3 primaries and a replica each: a failover case promotes one."""
-    from .harness_redis_cluster import RedisClusterServers
+    from .redis_cluster import RedisClusterServers
 
     servers = RedisClusterServers(replicas=1).start()
     try:
@@ -93,9 +94,10 @@ def _redis_cluster(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
 
 @contextlib.contextmanager
 def _etcd(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
-    opened = harness_etcd.open_etcd_store(request)
+    server = request.getfixturevalue("private_etcd")  # the session's, under a prefix of the test's own
+    opened = open_store_at(server.url(f"t{uuid.uuid4().hex[:12]}/"))
     try:
-        yield next(opened), harness_etcd.shared_server(request)
+        yield next(opened), server
     finally:
         opened.close()
 
@@ -104,7 +106,7 @@ def _etcd(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
 def _etcd3(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
     """A 3-member cluster of its own: the test kills, cuts and restarts members."""
     with private_cluster(request) as cluster:
-        opened = harness_etcd.open_store_at(cluster.url("fence/"))
+        opened = open_store_at(cluster.url("fence/"))
         try:
             yield next(opened), cluster
         finally:

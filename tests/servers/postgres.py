@@ -13,32 +13,35 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from celery_fence.testing import free_port
 
-from ..conftest import require_server
-from .harness import end_process
+from ..support.required import require_server
+from .process import ServerProcess
 
 
-def _binaries() -> Path | None:
+def postgres_binaries() -> Path | None:
     found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
     return found[-1].parent if found else None
 
 
-class PostgresServer:
-    """One private postmaster, started and stopped by pid."""
+class PostgresServer(ServerProcess):
+    """One private postmaster, started and stopped by pid: a fast shutdown (SIGINT) stops it, an immediate
+    one (SIGQUIT: no checkpoint, crash recovery on the next start) crashes it."""
+
+    label = "private PostgreSQL"
+    stop_signal = signal.SIGINT
+    crash_signal = signal.SIGQUIT
 
     def __init__(self, binaries: Path, directory: Path, port: int | None = None) -> None:
+        super().__init__(directory / "postgres.log")
         self.binaries, self.directory, self.port = binaries, directory, port or free_port()
         self.data = directory / "data"
         self.settings: list[str] = []  # more ``-c name=value`` for ``postgres`` (replication: pg_pair)
-        self.process: subprocess.Popen[bytes] | None = None
         self._user = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
 
     def url(self) -> str:
@@ -59,17 +62,12 @@ class PostgresServer:
         args += ["-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.directory}"]
         args += ["-c", "fsync=on", "-c", "max_connections=500"]  # the soak's 100 pool processes
         args += [arg for setting in self.settings for arg in ("-c", setting)]
-        with open(self.directory / "postgres.log", "ab") as log:  # a session of its own: kill() ends it all
+        with open(self.log, "ab") as log:  # a session of its own: kill() ends it all
+            self._log_from = log.tell()
             self.process = subprocess.Popen(  # type: ignore[call-overload]
                 args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **self._run_as()
             )
-        deadline = time.monotonic() + 30
-        while not self._answers():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                tail = (self.directory / "postgres.log").read_text(errors="replace")[-2000:]
-                pytest.fail(f"private PostgreSQL on port {self.port} did not start:\n{tail}")
-            time.sleep(0.05)
+        self.wait_until(self._answers, 30, self.port)
         return self
 
     def _answers(self) -> bool:
@@ -77,10 +75,6 @@ class PostgresServer:
         with contextlib.suppress(psycopg.Error), psycopg.connect(dsn, connect_timeout=1):
             return True
         return False
-
-    def crash(self) -> None:
-        """Immediate shutdown (SIGQUIT: no checkpoint, crash recovery on the next start)."""
-        self._signal(signal.SIGQUIT)
 
     def kill(self) -> None:
         """SIGKILL of the postmaster and every backend at once (its process group): a machine crash, no
@@ -90,17 +84,10 @@ class PostgresServer:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(30)
 
-    def stop(self) -> None:
-        self._signal(signal.SIGINT)  # fast shutdown
-
-    def _signal(self, signum: int) -> None:
-        process, self.process = self.process, None
-        end_process(process, signum)
-
 
 @contextlib.contextmanager
 def private_postgres() -> Iterator[PostgresServer]:
-    binaries = _binaries()
+    binaries = postgres_binaries()
     require_server("initdb", binaries is not None, "install postgresql (apt install postgresql)")
     assert binaries is not None
     directory = Path(tempfile.mkdtemp(prefix="fence-pg-"))

@@ -1,8 +1,9 @@
 """Celery's in-process worker for the run-level contract tests: the plugin's ``in_process_worker`` (stopped at
-once), on an app with the memory broker and result backend."""
+once), on an app with the memory broker and result backend; gates that hold a run in its body."""
 
 from __future__ import annotations
 
+import threading
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -10,7 +11,7 @@ from celery import Celery
 
 from celery_fence.testing import in_process_worker
 
-__all__ = ["memory_app", "running_worker"]
+__all__ = ["Gates", "memory_app", "running_worker"]
 
 
 def memory_app(name: str, **conf: Any) -> Celery:
@@ -24,3 +25,18 @@ def memory_app(name: str, **conf: Any) -> Celery:
 def running_worker(app: Celery, pool: str = "solo", concurrency: int = 1) -> AbstractContextManager[Any]:
     """One task at a time unless asked: these tests set the app's runtime store themselves."""
     return in_process_worker(app, pool=pool, concurrency=concurrency, shutdown_timeout=10)
+
+
+class Gates:
+    """A run named ``tag`` waits in its body until the test opens its gate."""
+
+    def __init__(self) -> None:
+        self._gates: dict[str, threading.Event] = {}
+        self.entered: set[str] = set()
+
+    def wait(self, tag: str) -> None:
+        self.entered.add(tag)
+        self._gates.setdefault(tag, threading.Event()).wait(30)
+
+    def open(self, tag: str) -> None:
+        self._gates.setdefault(tag, threading.Event()).set()

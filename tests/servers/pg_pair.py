@@ -1,4 +1,4 @@
-"""A private PostgreSQL primary and its streaming standby, for the failover tests (issue 18, point 3).
+"""A private PostgreSQL primary and its streaming standby, for the failover tests.
 
 Two clusters on two loopback ports that stay the same across failovers, so one libpq multi-host URL
 (``?host=127.0.0.1:p1&host=127.0.0.1:p2&target_session_attrs=read-write``) names the pair for its whole
@@ -27,8 +27,8 @@ import pytest
 
 from celery_fence.testing import StoreProxy
 
-from ..conftest import require_server
-from .pg_server import PostgresServer, _binaries
+from ..support.required import require_server
+from .postgres import PostgresServer, postgres_binaries
 
 __all__ = ["PostgresPair", "multi_host_url", "postgres_pair"]
 
@@ -143,7 +143,7 @@ class PostgresPair:
 
 @contextlib.contextmanager
 def postgres_pair(synchronous: bool) -> Iterator[PostgresPair]:
-    binaries = _binaries()
+    binaries = postgres_binaries()
     require_server("initdb", binaries is not None, "install postgresql (apt install postgresql)")
     assert binaries is not None
     root = Path(tempfile.mkdtemp(prefix="fence-pg-pair-"))

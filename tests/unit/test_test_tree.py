@@ -1,0 +1,93 @@
+"""The test tree keeps its shape: no module of it imports a test module or a conftest (shared support lives in
+conftest fixtures, tests/support/ or tests/servers/), and tests/contract holds test modules, its conftest and
+the harnesses the contract suite needs, nothing else (server processes are in tests/servers/).
+
+Read from the source with ``ast``: every ``import`` and ``from ... import``, at any depth, relative ones
+resolved.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"
+
+# The modules of tests/contract that are neither a test module nor a conftest, each with why it is there.
+CONTRACT_HARNESSES = {
+    "harness": "every store's harness, the HARNESSES the contract suite runs on",
+    "harness_etcd": "the etcd store's harness",
+    "harness_etcd_cluster": "the 3-member etcd cluster's harness",
+    "harness_pgha": "the PostgreSQL primary-and-standby harness (make contract-pg-ha)",
+    "harness_redis": "the Redis store's harness",
+    "harness_redis_cluster": "the Redis Cluster store's harness",
+    "run_only": "the run-role-only store's harness (test_store_contract.py)",
+}
+
+
+def _name(path: Path, top: Path) -> str:
+    parts = list(path.relative_to(top).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, top: Path = ROOT) -> Iterator[tuple[str, int]]:
+    """``(dotted target, line)`` of each import in ``path`` (a module under ``top``); ``from x import y``
+    yields ``x`` and ``x.y``."""
+    name = _name(path, top)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package[: len(package) - (node.level - 1)]
+                base = ".".join([*parent, *([node.module] if node.module else [])])
+            yield base, node.lineno
+            yield from ((f"{base}.{alias.name}", node.lineno) for alias in node.names)
+
+
+def is_test_or_conftest(dotted: str) -> bool:
+    last = dotted.rpartition(".")[2]
+    return dotted.startswith("tests.") and (last.startswith("test_") or last == "conftest")
+
+
+def imports_of_test_modules(top: Path = ROOT) -> list[str]:
+    """``file:line -> module`` for each import of a test module or a conftest in ``top``/tests."""
+    found = []
+    for path in sorted((top / "tests").rglob("*.py")):
+        for target, line in imported_modules(path, top):
+            if is_test_or_conftest(target) and (top / (target.replace(".", "/") + ".py")).exists():
+                found.append(f"{path.relative_to(top)}:{line} -> {target}")
+    return found
+
+
+def contract_helpers(directory: Path = TESTS / "contract") -> set[str]:
+    """The modules of ``directory`` that are neither a test module, a conftest nor its ``__init__``."""
+    names = {path.stem for path in directory.glob("*.py")}
+    return {name for name in names if not name.startswith("test_") and name not in ("conftest", "__init__")}
+
+
+def test_no_module_of_the_test_tree_imports_a_test_module_or_a_conftest() -> None:
+    assert imports_of_test_modules() == []
+
+
+def test_an_import_of_a_test_module_or_a_conftest_is_found(tmp_path: Path) -> None:
+    tree = tmp_path / "tests" / "layer"
+    tree.mkdir(parents=True)
+    for name in ("__init__.py", "conftest.py", "support.py"):
+        (tree / name).write_text("")
+    (tree / "test_b.py").write_text("Gates = object\n")
+    (tree / "test_a.py").write_text(
+        "from . import support\nfrom .test_b import Gates\nfrom . import conftest\n"
+    )
+    assert imports_of_test_modules(tmp_path) == [
+        "tests/layer/test_a.py:2 -> tests.layer.test_b",
+        "tests/layer/test_a.py:3 -> tests.layer.conftest",
+    ]
+
+
+def test_tests_contract_holds_only_test_modules_its_conftest_and_the_contract_harnesses() -> None:
+    assert contract_helpers() == set(CONTRACT_HARNESSES)
