@@ -2,7 +2,8 @@
 
 Every store, built-in or third-party, is a class registered under the entry point group
 ``celery_fence.stores`` by its URL scheme; it is constructed as ``cls(url)`` and must satisfy
-:class:`~celery_fence.stores.base.RunStore` (the other roles are optional).
+:class:`~celery_fence.stores.base.RunStore` (the other roles are optional). ``open_store`` puts it behind
+its checked front (:mod:`.front`), which refuses bad arguments before the store sees them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from ..errors import ConfigurationError
 from .base import FencedConnectionStore, Store
 from .capabilities import Capabilities, capabilities_of
 from .drivers import missing_driver
+from .front import checked
 from .urls import mask_url
 
 __all__ = [
@@ -45,9 +47,9 @@ def scheme_of(url: object) -> tuple[str, str | None]:
 
 
 def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> Store:
-    """Open the store named by ``url``. Refuses an unknown scheme or a missing extra at once."""
-    store: Store = store_class(url)(url, **options)
-    return store
+    """Open the store named by ``url``, behind its checked front. Refuses an unknown scheme or a missing
+    extra at once."""
+    return checked(store_class(url)(url, **options))
 
 
 def store_class(url: object) -> Any:

@@ -30,7 +30,6 @@ from urllib.parse import unquote
 
 from ... import codec
 from ...lease import Abandoned, HistoryEvent, Lease, LeaseState, recovery_backoff
-from ..validation import check_abandoned, check_age, check_limit
 from . import gateway as etcd
 from .gateway import KV, Op
 from .keyspace import KINDS, Keyspace
@@ -98,7 +97,7 @@ def history(space: Keyspace, key: str | None) -> list[HistoryEvent]:
 def prune(space: Keyspace, older_than: float) -> int:
     """Delete every record of keys finished before ``older_than`` seconds ago (writer clocks), history too,
     leaving one marker ``pruned/<key>`` (the state's token) in its place; older markers go first."""
-    cutoff = time.time() - check_age(older_than)
+    cutoff = time.time() - older_than
     kinds = ("pruned", "done", "state")
     found = space.read([etcd.get(space.k(k), prefix=True, keys_only=k == "state") for k in kinds])
     for kv in found.kvs(1):
@@ -127,7 +126,7 @@ def _wipe(space: Keyspace, done: KV, states: Mapping[str, KV]) -> bool:
 
 def abandoned(space: Keyspace, grace: float, limit: int) -> list[Abandoned]:
     """Keys held without a lock (expired), not done, dead or recovered within ``grace``."""
-    grace, limit, now, late = check_age(grace), check_limit(limit), time.time(), []
+    now, late = time.time(), []
     found = space.records([etcd.get(space.k(kind), prefix=True) for kind in KINDS])
     idle = {key: r for key, r in found.items() if _idle(r)}
     for key, r in idle.items():
@@ -142,7 +141,7 @@ def abandoned(space: Keyspace, grace: float, limit: int) -> list[Abandoned]:
 
 
 def recover(space: Keyspace, seen: Abandoned, max_recoveries: int, reason: str) -> int | None:
-    k = {kind: space.k(kind, check_abandoned(seen, max_recoveries, reason).key) for kind in KINDS}
+    k = {kind: space.k(kind, seen.key) for kind in KINDS}
     r = space.records([etcd.get(name) for name in k.values()]).get(seen.key, {})
     if not _idle(r) or _abandoned(space, seen.key, r) != seen:
         return None  # taken over, finished, dead, or recovered first

@@ -21,15 +21,7 @@ from urllib.parse import quote, unquote
 
 from ... import codec
 from ...errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken, StoreUnavailable
-from ...lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
-from ..validation import (
-    check_gap,
-    check_lease,
-    check_leases,
-    check_owner,
-    check_step_name,
-    check_text,
-)
+from ...lease import Abandoned, HistoryEvent, Lease, LeaseState
 from . import admin, records
 from . import gateway as etcd
 from .gateway import KV, Op, TxnResult
@@ -68,16 +60,12 @@ class EtcdStore:
         self.space.read([])
 
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
-        validate_key(key)
-        check_owner(owner)
-        ttl = validate_ttl(ttl)
         run_text = codec.dumps_mapping(run, self.max_value_bytes // 2)  # JSON in JSON: escapes may double it
         state = json.dumps({"owner": owner, "run": run_text})
         self._expire_overdue()
         return self._retry(f"acquire({key!r})", lambda: self._acquire(key, owner, ttl, state))
 
     def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
-        leases, ttl = check_leases(leases), validate_ttl(ttl)
         if not leases:
             return []
         self._expire_overdue()
@@ -95,7 +83,6 @@ class EtcdStore:
         return lost
 
     def complete(self, lease: Lease, result: Any) -> None:
-        check_lease(lease)
         done = {"token": lease.token, "result": codec.dumps(result), "finished_at": time.time()}
         record = json.dumps(done)
         codec.check_size(record, self.max_value_bytes, "the result")  # refused before anything is sent
@@ -106,14 +93,12 @@ class EtcdStore:
             self._stale(lease, "complete", answer)
 
     def release(self, lease: Lease) -> None:
-        check_lease(lease)
         space = self.space
         self._fenced(lease, [], [*space.free(lease.key), space.event(lease, "release")])  # stale: nothing
         self.etcd_leases.untrack(lease)
 
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
-        check_lease(lease)
-        step = self.space.k("steps", lease.key) + "/" + quote(check_step_name(name), safe="")
+        step = self.space.k("steps", lease.key) + "/" + quote(name, safe="")
         value_text = codec.dumps(value, self.max_value_bytes)
         ops = [etcd.put(step, value_text), self.space.event(lease, "step", name)]
         answer = self._fenced(lease, [etcd.created(step, 0)], ops)
@@ -123,16 +108,15 @@ class EtcdStore:
             raise InvalidArgument(f"step {name!r} of key {lease.key!r} is already committed")
 
     def steps(self, key: str) -> dict[str, Any]:
-        steps = self.space.k("steps", validate_key(key)) + "/"
+        steps = self.space.k("steps", key) + "/"
         found = self.space.read([etcd.get(steps, prefix=True)]).kvs(1)
         return {unquote(kv.key.rsplit("/", 1)[1]): codec.loads(kv.value) for kv in sorted(found, key=_order)}
 
     def refuse(self, lease: Lease, what: str) -> None:
-        what = check_text(what, "what was refused")
-        self.space.log([self.space.event(check_lease(lease), "refused", what)])
+        self.space.log([self.space.event(lease, "refused", what)])
 
     def get(self, key: str) -> LeaseState | None:
-        ranges = [etcd.get(self.space.k(kind, validate_key(key))) for kind in KINDS]
+        ranges = [etcd.get(self.space.k(kind, key)) for kind in KINDS]
         states = records.states(self.space, ranges)
         return states[0] if states else None
 
@@ -140,10 +124,9 @@ class EtcdStore:
         return records.states(self.space, [etcd.get(self.space.k(kind), prefix=True) for kind in KINDS])
 
     def history(self, key: str | None = None) -> list[HistoryEvent]:
-        return records.history(self.space, None if key is None else validate_key(key))
+        return records.history(self.space, key)
 
     def force_release(self, key: str) -> int:
-        validate_key(key)
         return self._retry(f"force_release({key!r})", lambda: admin.force_release(self.space, key))
 
     def prune(self, older_than: float) -> int:
@@ -153,7 +136,6 @@ class EtcdStore:
         """Raise the token offset by ``gap``: tokens are revisions plus an offset (etcd 3.4 cannot bump its
         revision), and every ``Txn`` compares the offset key, so none issues or checks a token with a stale
         one. Returns the floor: at least ``gap`` above every token issued before, below every later one."""
-        check_gap(gap)
         return self._retry(f"advance({gap})", lambda: admin.advance(self.space, gap))
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
@@ -163,9 +145,8 @@ class EtcdStore:
         return records.recover(self.space, seen, max_recoveries, reason)
 
     def strand(self, key: str, run: Mapping[str, Any] | None, reason: str) -> bool:
-        args = validate_key(key), check_text(reason, "a give-up reason")
         run_text = codec.dumps_mapping(run, self.max_value_bytes // 2)  # as acquire keeps it
-        return self._retry(f"strand({key!r})", lambda: records.strand(self.space, *args, run_text))
+        return self._retry(f"strand({key!r})", lambda: records.strand(self.space, key, reason, run_text))
 
     def close(self) -> None:
         """Close this process's idle HTTP connections; the etcd leases run out by their ttl. Idempotent."""

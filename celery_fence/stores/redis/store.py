@@ -29,21 +29,10 @@ from redis.retry import Retry
 
 from ... import codec, errors
 from ..._process import forget_in_child
-from ...lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from ...lease import Abandoned, HistoryEvent, Lease, LeaseState
 from ..capabilities import Capabilities
 from ..liveness import idle_socket_is_readable
-from ..validation import (
-    check_abandoned,
-    check_age,
-    check_gap,
-    check_lease,
-    check_leases,
-    check_limit,
-    check_owner,
-    check_step_name,
-    check_text,
-    past_the_range,
-)
+from ..validation import past_the_range
 from . import cluster
 from .boundary import split_url, translated
 from .rows import chunks, history_events, lease_state, raise_stale, source, to_ms, who
@@ -86,9 +75,7 @@ class RedisStore:
             client.ping()
 
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
-        validate_key(key)
-        check_owner(owner)
-        ttl_ms = to_ms(validate_ttl(ttl), "ttl")
+        ttl_ms = to_ms(ttl, "ttl")
         run_text = codec.dumps_mapping(run, self.max_value_bytes) or ""  # a script argument cannot be nil
         reply = self._script("acquire", self._keys(key, "lease", "history"), [key, owner, ttl_ms, run_text])
         if reply[0] == "done":
@@ -101,8 +88,7 @@ class RedisStore:
         return Lease(key, int(reply[1]), owner, taken_over=gap is not None, expired_for=gap)
 
     def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
-        leases = check_leases(leases)
-        ttl_ms = to_ms(validate_ttl(ttl), "ttl")
+        ttl_ms = to_ms(ttl, "ttl")
         lost: list[Lease] = []
         groups = [leases] if self._nodes is None else cluster.by_slot(self, leases, lambda x: x.key)
         for batch in (part for group in groups for part in chunks(group, RENEW_BATCH)):
@@ -112,18 +98,14 @@ class RedisStore:
         return lost
 
     def complete(self, lease: Lease, result: Any) -> None:
-        check_lease(lease)
         text = codec.dumps(result, self.max_value_bytes)
         reply = self._script("complete", self._keys(lease.key, "lease", "history"), [*who(lease), text])
         raise_stale(lease, reply, "complete")
 
     def release(self, lease: Lease) -> None:
-        check_lease(lease)
         self._script("release", self._keys(lease.key, "lease", "history"), who(lease))
 
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
-        check_lease(lease)
-        check_step_name(name)
         text = codec.dumps(value, self.max_value_bytes)
         keys = self._keys(lease.key, "lease", "steps", "history")
         reply = self._script("save_step", keys, [*who(lease), name, text])
@@ -132,23 +114,21 @@ class RedisStore:
         raise_stale(lease, reply, f"step {name}")
 
     def steps(self, key: str) -> dict[str, Any]:
-        name = self._k("steps", validate_key(key))
+        name = self._k("steps", key)
         with self._io() as client:
             stored: dict[str, str] = client.hgetall(name)  # type: ignore[assignment]
         split = ((v.partition("\n"), k) for k, v in stored.items())
         return {k: codec.loads(v) for (_, _, v), k in sorted(split, key=lambda e: int(e[0][0]))}
 
     def refuse(self, lease: Lease, what: str) -> None:
-        check_lease(lease)
-        check_text(what, "what was refused")
         self._script("refuse", self._keys(lease.key, "history"), [*who(lease), what])
 
     def get(self, key: str) -> LeaseState | None:
-        return next(iter(self._states([validate_key(key)])), None)
+        return next(iter(self._states([key])), None)
 
     def history(self, key: str | None = None) -> list[HistoryEvent]:
         """One key's list, or every key's (found by SCAN: no global list grows), in event order."""
-        name = None if key is None else self._k("history", validate_key(key))
+        name = None if key is None else self._k("history", key)
         if name is None and self._nodes is not None:
             return cluster.history(self)
         with self._io() as client:
@@ -165,7 +145,7 @@ class RedisStore:
             return self._states(sorted(client.smembers(f"{self.prefix}keys")))  # type: ignore[arg-type]
 
     def force_release(self, key: str) -> int:
-        token = self._script("force_release", self._keys(validate_key(key), "lease", "history"), [key])
+        token = self._script("force_release", self._keys(key, "lease", "history"), [key])
         if token is None:
             raise errors.InvalidArgument(f"no lease for key {key!r}")
         return int(token)
@@ -173,7 +153,7 @@ class RedisStore:
     def prune(self, older_than: float) -> int:
         """Markers of earlier prunes past the cutoff first (they lead the batches), then finished keys, each
         leaving its marker: one script call per READ_BATCH keys, so no marker of this prune is dropped."""
-        age = to_ms(check_age(older_than), "age")
+        age = to_ms(older_than, "age")
         if self._nodes is not None:
             return cluster.prune(self, age)
         cutoff, due, marked = self._script("due", [], [age, "done", "pruned"])
@@ -186,15 +166,14 @@ class RedisStore:
 
     def advance(self, gap: int) -> int:
         if self._nodes is not None:
-            return cluster.advance(self, check_gap(gap))
-        floor = self._script("advance", [], [check_gap(gap)])
+            return cluster.advance(self, gap)
+        floor = self._script("advance", [], [gap])
         if floor is None:  # the counter would leave the token range: nothing changed
             raise past_the_range(gap)
         return int(floor)
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
-        limit = check_limit(limit)
-        grace_ms = to_ms(check_age(grace), "age")
+        grace_ms = to_ms(grace, "age")
         if self._nodes is None:
             cutoff, due = self._script("due", [], [grace_ms, "live"])
             batches = chunks(due, READ_BATCH)
@@ -210,14 +189,12 @@ class RedisStore:
         return found[:limit]
 
     def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
-        keys = self._keys(check_abandoned(seen, max_recoveries, reason).key, "lease", "history")
+        keys = self._keys(seen.key, "lease", "history")
         args = [seen.key, seen.token, seen.recoveries, max_recoveries, reason, seen.sent]
         attempt = self._script("recover", keys, args)
         return None if attempt is None else int(attempt)
 
     def strand(self, key: str, run: Mapping[str, Any] | None, reason: str) -> bool:
-        validate_key(key)
-        check_text(reason, "a give-up reason")
         run_text = codec.dumps_mapping(run, self.max_value_bytes) or ""  # a script argument cannot be nil
         return bool(self._script("strand", self._keys(key, "lease", "history"), [key, run_text, reason]))
 

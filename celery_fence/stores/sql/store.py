@@ -17,17 +17,8 @@ from sqlalchemy import Connection
 
 from ... import codec
 from ...errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
-from ...lease import HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
-from ..validation import (
-    check_age,
-    check_gap,
-    check_lease,
-    check_leases,
-    check_owner,
-    check_step_name,
-    check_text,
-    past_the_range,
-)
+from ...lease import HistoryEvent, Lease, LeaseState
+from ..validation import past_the_range
 from .connections import Connections
 from .engine import SessionLimits
 from .errors import RowLocked, safe_url, translate_errors
@@ -62,9 +53,6 @@ class SQLStore(SQLRecovery):
     # -- the lease operations --
 
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
-        validate_key(key)
-        check_owner(owner)
-        ttl = validate_ttl(ttl)
         run_text = codec.dumps_mapping(run, self.max_value_bytes)
         params = {"key": key, "owner": owner, "ttl": ttl, "run": run_text}
         try:
@@ -87,8 +75,6 @@ class SQLStore(SQLRecovery):
         raise LeaseHeld(key, state.owner, state.expires_in)
 
     def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
-        leases = check_leases(leases)
-        ttl = validate_ttl(ttl)
         if not leases:
             return []
         kept = {
@@ -102,13 +88,11 @@ class SQLStore(SQLRecovery):
         return lost
 
     def complete(self, lease: Lease, result: Any) -> None:
-        check_lease(lease)
         params = self.event_params(lease, "complete", result=codec.dumps(result, self.max_value_bytes))
         if not self.db.hot("complete", params):
             self.refuse_now(lease, "complete")
 
     def release(self, lease: Lease) -> None:
-        check_lease(lease)
         self.db.hot("release", {"key": lease.key, "token": lease.token})
 
     @property
@@ -118,15 +102,13 @@ class SQLStore(SQLRecovery):
     def begin_run(self, lease: Lease, ttl: float) -> RunTransaction:
         """Open the run's transaction: the lease row checked and locked until it commits with the
         completion (``RunTransaction.complete``) or rolls back (``close``). ``StaleToken``: not current."""
-        check_lease(lease)
         self.db.ready()
-        return RunTransaction(self, lease, validate_ttl(ttl))
+        return RunTransaction(self, lease, ttl)
 
     @contextmanager
     def transaction(self, lease: Lease, step: str | None = None) -> Iterator[Connection]:
         """A transaction in which the lease row is checked and locked until commit (see the protocol): a
         :class:`RunTransaction` of one block that commits when the block ends (an atomic step's)."""
-        check_lease(lease)
         self.db.ready()
         run_tx = RunTransaction(self, lease, self.limits.idle_in_transaction, step)
         try:
@@ -137,8 +119,6 @@ class SQLStore(SQLRecovery):
             run_tx.close()  # rolls back whatever was not committed
 
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
-        check_lease(lease)
-        check_step_name(name)
         value_text = codec.dumps(value, self.max_value_bytes)
         params = {"key": lease.key, "name": name, "token": lease.token, "value": value_text}
         with self.db.transaction() as conn:
@@ -156,27 +136,21 @@ class SQLStore(SQLRecovery):
             conn.execute(self.q.insert_step, params)
 
     def steps(self, key: str) -> dict[str, Any]:
-        validate_key(key)
         with self.db.one() as conn:
             return {r.name: codec.loads(r.value) for r in conn.execute(self.q.steps, {"key": key})}
 
     def refuse(self, lease: Lease, what: str) -> None:
-        check_lease(lease)
-        check_text(what, "what was refused")
         with self.db.one() as conn:
             conn.execute(self.q.log, self.event_params(lease, "refused", detail=what))
 
     # -- reading --
 
     def get(self, key: str) -> LeaseState | None:
-        validate_key(key)
         with self.db.one() as conn:
             row = conn.execute(self.q.state, {"key": key}).first()
         return None if row is None else lease_state(row)
 
     def history(self, key: str | None = None) -> list[HistoryEvent]:
-        if key is not None:
-            validate_key(key)
         query, params = (self.q.history_all, {}) if key is None else (self.q.history, {"key": key})
         with self.db.one() as conn:
             rows = conn.execute(query, params).all()
@@ -189,7 +163,6 @@ class SQLStore(SQLRecovery):
     # -- administration --
 
     def force_release(self, key: str) -> int:
-        validate_key(key)
         with self.db.one() as conn:
             token = conn.execute(self.q.force_release, {"key": key}).scalar()
         if token is None:
@@ -197,7 +170,7 @@ class SQLStore(SQLRecovery):
         return int(token)
 
     def prune(self, older_than: float) -> int:
-        age = {"age": check_age(older_than)}
+        age = {"age": older_than}
         # Steps and history go with the keys; one marker takes the history's place.
         with self.db.transaction() as conn:
             conn.execute(self.q.prune_markers, age)  # earlier prunes' markers past the cutoff go first
@@ -211,7 +184,6 @@ class SQLStore(SQLRecovery):
     def advance(self, gap: int) -> int:
         """One transaction that no acquire can interleave: on PostgreSQL it first takes the lock every
         ``nextval`` holds shared (see ``queries``); SQLite's transaction is ``BEGIN IMMEDIATE``."""
-        check_gap(gap)
         with self.db.transaction() as conn:
             if self.q.lock_counter is not None:
                 conn.execute(self.q.lock_counter)
