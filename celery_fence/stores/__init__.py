@@ -9,10 +9,10 @@ its checked front (:mod:`.front`), which refuses bad arguments before the store 
 from __future__ import annotations
 
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, cast
 
 from ..errors import ConfigurationError
-from .base import FencedConnectionStore, Store
+from .base import FencedConnectionStore, Store, StoreClass
 from .capabilities import Capabilities, capabilities_of
 from .drivers import missing_driver
 from .front import checked
@@ -52,7 +52,7 @@ def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> Store:
     return checked(store_class(url)(url, **options))
 
 
-def store_class(url: object) -> Any:
+def store_class(url: object) -> StoreClass:
     """The class registered for ``url``'s scheme under the ``celery_fence.stores`` entry point group (the
     built-in stores too). Refuses a malformed URL, an unknown scheme, a missing driver and what the store's
     own ``check_url`` refuses, without I/O."""
@@ -63,7 +63,7 @@ def store_class(url: object) -> Any:
             registered[ep.name] = ep
     if base not in registered:
         raise _unknown_scheme(base, str(url), sorted(registered))
-    cls = _load(registered[base])
+    cls = cast(StoreClass, _load(registered[base]))  # an entry point loads whatever it names
     check = getattr(cls, "check_url", None)
     if check is not None:
         check(str(url))

@@ -158,7 +158,7 @@ def open_store_at(url: str) -> Iterator[EtcdStore]:
     store = EtcdStore(url)
     yield checked(store)  # behind the front, as open_store puts it
     store.etcd_leases.revoke_all()
-    store.gw.txn([], [delete(store.prefix, prefix=True)])
+    store.gateway.txn([], [delete(store.prefix, prefix=True)])
     store.close()
 
 
@@ -176,7 +176,7 @@ def near_the_top(store: EtcdStore, left: int) -> None:
     space = store.space
     revision, epochs = space.read([]).revision, space.epochs
     _, value = epochs.advanced(MAX_TOKEN - left - (revision + 1) - epochs.offset)
-    assert space.gw.txn([space.offset_is(epochs)], [put(space.offset_key, value)]).succeeded
+    assert space.gateway.txn([space.offset_is(epochs)], [put(space.offset_key, value)]).succeeded
     space.read([])  # the store's cached epochs: the new one
 
 

@@ -46,9 +46,9 @@ class EtcdStore:
     def __init__(self, url: str, prefix: str | None = None, timeout: tuple[float, float] = _TIMEOUT) -> None:
         members, self.prefix = etcd.parse_url(url, prefix)
         self.url = f"etcd://{','.join(members)}/{quote(self.prefix)}"  # names the same keys in any process
-        self.gw = etcd.Gateway([f"http://{member}" for member in members], timeout)
-        self.etcd_leases = ProcessLeases(self.gw)
-        self.space = Keyspace(self.gw, self.prefix)
+        self.gateway = etcd.Gateway([f"http://{member}" for member in members], timeout)
+        self.etcd_leases = ProcessLeases(self.gateway)
+        self.space = Keyspace(self.gateway, self.prefix)
 
     @staticmethod
     def check_url(url: str) -> None:
@@ -150,7 +150,7 @@ class EtcdStore:
 
     def close(self) -> None:
         """Close this process's idle HTTP connections; the etcd leases run out by their ttl. Idempotent."""
-        self.gw.close()
+        self.gateway.close()
 
     def _acquire(self, key: str, owner: str, ttl: float, state: str) -> Lease | None:
         seconds = lease_seconds(ttl)
@@ -165,7 +165,7 @@ class EtcdStore:
         unsure = Lease(key, 0, owner)  # token 0: if the answer is lost, a lock of this owner may exist
         self.etcd_leases.track(unsure, ttl, sent)
         try:
-            result = self.gw.txn(compare, [log, *puts], failure)
+            result = self.gateway.txn(compare, [log, *puts], failure)
         except etcd.LeaseNotFound:  # the process's etcd lease ran out: this keep-alive forgets it
             self.etcd_leases.untrack(unsure)
             self.etcd_leases.keepalive(seconds, lease_id)
@@ -191,7 +191,7 @@ class EtcdStore:
             return Lease(key, self.space.epochs.token(lock.create), owner)
         if lock is None:  # not after a Txn that failed in one revision; try again
             return None
-        left = self.gw.time_to_live(lock.lease)  # -1: expired, etcd is still deleting the lock
+        left = self.gateway.time_to_live(lock.lease)  # -1: expired, etcd is still deleting the lock
         raise LeaseHeld(key, lock.value, float(max(left, 0)))
 
     def _fenced(self, lease: Lease, compare: list[Op], success: list[Op]) -> TxnResult:
@@ -203,7 +203,7 @@ class EtcdStore:
         def attempt() -> TxnResult | None:
             epochs = self.space.epochs
             guard = [etcd.created(lock, epochs.revision(lease.token)), self.space.offset_is(epochs), *compare]
-            result = self.gw.txn(guard, success, failure)
+            result = self.gateway.txn(guard, success, failure)
             return None if not result.succeeded and self.space.moved(result, epochs) else result
 
         return self._retry(f"a write of {lease.key!r}", attempt)
@@ -214,13 +214,13 @@ class EtcdStore:
         for lease in self.etcd_leases.overdue():
             lock = self.space.k("lock", lease.key)
             token = etcd.created(lock, self.space.epochs.revision(lease.token))
-            self.gw.txn([token if lease.token else etcd.holds(lock, lease.owner)], [etcd.delete(lock)])
+            self.gateway.txn([token if lease.token else etcd.holds(lock, lease.owner)], [etcd.delete(lock)])
 
     def _retry(self, what: str, attempt: Callable[[], T | None]) -> T:
         for _ in range(_ATTEMPTS):
             if (value := attempt()) is not None:
                 return value
-        raise StoreUnavailable(f"etcd at {self.gw.base_url} kept changing under {what}; try again")
+        raise StoreUnavailable(f"etcd at {self.gateway.base_url} kept changing under {what}; try again")
 
     def _stale(self, lease: Lease, what: str, failed: TxnResult) -> None:
         self.space.log([self.space.event(lease, "refused", what)])
