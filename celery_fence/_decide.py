@@ -99,7 +99,7 @@ class Facts:
     delivered: bool = False  # the result backend already has this task id's ending (SUCCESS, FAILURE)
     deadline_passed: bool = False  # the run's local deadline passed: stop calling the store again
     read_failed: bool = False  # the store did not answer the read of the key
-    awaited: bool = False  # no use waiting for delivery: waited a ttl already (its header), or nothing tells
+    wait_over: bool = False  # no use waiting for delivery: waited a ttl already (a header), or nothing tells
 
 
 # The answer for the events that never need a read.
@@ -154,7 +154,7 @@ def _finished(facts: Facts) -> Action:
     if facts.view in (View.SAME_TASK_DONE, View.MINE_DONE):  # a copy of this very task id
         # Celery sends the callbacks, then stores SUCCESS, after the completion committed: the run that
         # committed may be doing so now. Silent for a ttl, it died before it delivered: deliver for it.
-        return Action.RETURN_STORED if facts.awaited else Action.AWAIT_DELIVERY
+        return Action.RETURN_STORED if facts.wait_over else Action.AWAIT_DELIVERY
     if facts.view is View.OTHER_TASK_DONE:
         return Action.RETURN_STORED  # the winner's result is this task id's result too
     return Action.ACQUIRE_AGAIN  # pruned meanwhile

@@ -22,18 +22,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._headers import AWAITED, LOOKS, RECOVERED, RESENDS, WAITS
-from ._runtime import runtime_for
+from .config import FenceConfig
 
 __all__ = ["absorbed_because", "final_fields", "send_fence_event"]
 
 log = logging.getLogger(__name__)
 
 
-def send_fence_event(task: Any, request: Any, kind: str, **fields: Any) -> None:
-    """Send ``task-fence-<kind>`` for ``request`` (captured by the run: the renewer thread sends too)."""
+def send_fence_event(config: FenceConfig, task: Any, request: Any, kind: str, **fields: Any) -> None:
+    """Send ``task-fence-<kind>`` for ``request`` (captured by the run: the renewer thread sends too), unless
+    ``config`` (the run's) turns fence events off."""
     if getattr(request, "is_eager", False) or not getattr(request, "hostname", None):
         return  # not in a worker: nobody is listening
-    if not runtime_for(task.app).config.send_events:
+    if not config.send_events:
         return
     policy = task.app.conf.task_publish_retry_policy
     try:

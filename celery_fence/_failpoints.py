@@ -6,7 +6,8 @@ at a point named ``NAME``, the process writes ``<folder>/NAME.<pid>.reached`` an
 its damage (SIGKILL, a killed connection, a takeover) and removes the block file.
 
 Points: ``before-acquire``, ``after-acquire``, ``before-renew``, ``before-complete``, ``after-guard``
-(a fenced transaction checked and locked the lease row; the caller's writes come next).
+(a fenced transaction checked and locked the lease row; the caller's writes come next), ``before-commit``
+(a SQL run's transaction wrote its completion and is about to commit).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from pathlib import Path
 __all__ = ["ENV", "failpoint"]
 
 ENV = "CELERY_FENCE_FAILPOINTS"
-POINTS = ("before-acquire", "after-acquire", "before-renew", "before-complete", "after-guard")
 
 
 @functools.cache

@@ -29,9 +29,9 @@ __all__ = [
     "Attempt",
     "attempt_of",
     "lineage",
+    "positive_int",
     "run_name",
     "seconds",
-    "whole",
 ]
 
 HANDOFF = "fence_handoff"  # the token an attempt hands to the copy of itself that it sends
@@ -61,14 +61,14 @@ class Attempt:
     waits: int = 0
     busy_since: float | None = None
     looks: int = 0
-    awaited: int | None = None
+    awaited_token: int | None = None  # the finished token whose delivery a copy already waited for
     redelivered: bool = False  # the broker says it delivered this message before
     recovered: int | None = None  # recovery sent this message again (its attempt)
 
     @property
     def copy(self) -> bool:
         """A copy of an earlier delivery: redelivered by the broker, sent again by the fence or recovery."""
-        sent_again = (self.recovered, self.handoff, self.resends, self.waits, self.looks, self.awaited)
+        sent_again = (self.recovered, self.handoff, self.resends, self.waits, self.looks, self.awaited_token)
         return self.redelivered or any(sent_again) or bool(self.busy_since)
 
 
@@ -79,15 +79,15 @@ def attempt_of(request: Any, name: str) -> Attempt:
         name=name,
         eager=bool(request.is_eager),
         retries=request.retries or 0,
-        handoff=whole(request, HANDOFF),
-        resends=whole(request, RESENDS) or 0,
+        handoff=positive_int(request, HANDOFF),
+        resends=positive_int(request, RESENDS) or 0,
         waiting_since=seconds(request, WAITING_SINCE),
-        waits=whole(request, WAITS) or 0,
+        waits=positive_int(request, WAITS) or 0,
         busy_since=seconds(request, BUSY_SINCE),
-        looks=whole(request, LOOKS) or 0,
-        awaited=whole(request, AWAITED),
+        looks=positive_int(request, LOOKS) or 0,
+        awaited_token=positive_int(request, AWAITED),
         redelivered=bool((request.delivery_info or {}).get("redelivered")),
-        recovered=whole(request, RECOVERED),
+        recovered=positive_int(request, RECOVERED),
     )
 
 
@@ -101,7 +101,7 @@ def lineage(headers: dict[str, Any] | None) -> dict[str, Any]:
     return {name: value for name, value in (headers or {}).items() if name not in ATTEMPT}
 
 
-def whole(request: Any, header: str) -> int | None:
+def positive_int(request: Any, header: str) -> int | None:
     """``header`` of the message ``request`` runs, if it is a positive int (a token or a count)."""
     value = getattr(request, header, None)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

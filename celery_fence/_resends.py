@@ -11,12 +11,13 @@ store, the reason in the log. The headers that carry a wait's clock are that wai
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from ._decide import Action, holder_of
 from ._ending import Ending
 from ._headers import AWAITED, BUSY_SINCE, LOOKS, RESENDS, WAITING_SINCE, WAITS, Attempt, run_name
-from ._outcomes import ENDED_STATES
+from ._outcomes import ENDED_STATES, RunHost
 from ._owed import Stranded
 from ._runtime import FenceRuntime
 from .config import FenceConfig
@@ -32,7 +33,13 @@ class Resends:
     """How one run is sent again, for :class:`~celery_fence.run.Run`."""
 
     def __init__(
-        self, host: Any, runtime: FenceRuntime, config: FenceConfig, key: str, run_info: Any, attempt: Attempt
+        self,
+        host: RunHost,
+        runtime: FenceRuntime,
+        config: FenceConfig,
+        key: str,
+        run_info: Mapping[str, Any] | None,
+        attempt: Attempt,
     ) -> None:
         self.host, self.runtime, self.config, self.policy = host, runtime, config, config.policy
         self.key, self.run_info, self.attempt = key, run_info, attempt

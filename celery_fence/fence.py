@@ -19,6 +19,7 @@ __all__ = ["Fence", "Heartbeat"]
 
 T = TypeVar("T")
 
+
 class Heartbeat(Protocol):
     """What a run's handle needs of the renewer (``renewer.Renewer``)."""
 
@@ -158,42 +159,47 @@ class Fence:
 
         A new value is committed with the token check (``StaleToken`` if this run was superseded).
         """
-        if self._steps is None:
-            self._steps = self.store.steps(self.key)
-        if name in self._steps:
-            value: T = copy.deepcopy(self._steps[name])  # callers may mutate what they get
+
+        def commit() -> T:
+            value = _as_stored(fn(*args, **kwargs))
+            if self._run_tx is not None:  # the lease row is locked by the run's transaction: join it
+                self._open_run_transaction().save_step(name, value)
+            else:
+                self.store.save_step(self.lease, name, value)
             return value
-        self.check()  # a run that knows its lease is lost does not start a step's effect
-        value = codec.loads(codec.dumps(fn(*args, **kwargs)))  # the same value a resumed run will see
-        if self._run_tx is not None:  # the lease row is locked by the run's transaction: join it
-            self._open_run_transaction().save_step(name, value)
-        else:
-            self.store.save_step(self.lease, name, value)
-        self._steps[name] = copy.deepcopy(value)
-        return value
+
+        return self._once(name, commit)
 
     def atomic_step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A step whose effect is SQL writes: ``fn(conn, *args, **kwargs)`` runs in the fenced transaction
         and the step record commits with those writes, so the effect happens exactly once per key even
         if the worker dies between the two. Needs a SQL lease store.
         """
+
+        def commit() -> T:
+            if self._run_tx is not None:  # joins the run's transaction: commits with the completion
+                run_tx = self._open_run_transaction()
+                with run_tx.block() as conn:
+                    value = _as_stored(fn(conn, *args, **kwargs))
+                    run_tx.save_step(name, value)
+                return value
+            store = self._sql_store()
+            with store.transaction(self.lease, step=name) as conn:
+                value = _as_stored(fn(conn, *args, **kwargs))
+                store.insert_step(conn, self.lease, name, value)
+            return value
+
+        return self._once(name, commit)
+
+    def _once(self, name: str, commit: Callable[[], T]) -> T:
+        """Step ``name``'s committed value, else the value ``commit()`` runs the step for and commits."""
         if self._steps is None:
             self._steps = self.store.steps(self.key)
         if name in self._steps:
-            stored: T = copy.deepcopy(self._steps[name])
+            stored: T = copy.deepcopy(self._steps[name])  # callers may mutate what they get
             return stored
         self.check()  # a run that knows its lease is lost does not start a step's effect
-        if self._run_tx is not None:  # joins the run's transaction: commits with the completion
-            run_tx = self._open_run_transaction()
-            with run_tx.block() as conn:
-                value: T = codec.loads(codec.dumps(fn(conn, *args, **kwargs)))
-                run_tx.save_step(name, value)
-            self._steps[name] = copy.deepcopy(value)
-            return value
-        store = self._sql_store()
-        with store.transaction(self.lease, step=name) as conn:
-            value = codec.loads(codec.dumps(fn(conn, *args, **kwargs)))
-            store.insert_step(conn, self.lease, name, value)
+        value = commit()
         self._steps[name] = copy.deepcopy(value)
         return value
 
@@ -209,3 +215,9 @@ class Fence:
     def __repr__(self) -> str:
         state = f"lost: {self._lost}" if self._lost else "held"
         return f"<Fence {self.key!r} token={self.token} {state}>"
+
+
+def _as_stored(value: T) -> T:
+    """``value`` through the codec: the same value a resumed run will see."""
+    stored: T = codec.loads(codec.dumps(value))
+    return stored

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -41,8 +42,8 @@ ACQUIRE_ROUNDS = 5  # acquire -> read -> acquire again, when the key changes und
 class Run:
     """One delivery of a fenced task: acquire, run, complete, and say how it ends."""
 
-    def __init__(self, host: RunHost, runtime: FenceRuntime, config: FenceConfig, key: str, run_info: Any,
-                 attempt: Attempt) -> None:
+    def __init__(self, host: RunHost, runtime: FenceRuntime, config: FenceConfig, key: str,
+                 run_info: Mapping[str, Any] | None, attempt: Attempt) -> None:
         self.host, self.runtime, self.config, self.policy = host, runtime, config, config.policy
         self.store = runtime.store
         self.key, self.run_info, self.attempt = key, run_info, attempt
@@ -235,8 +236,9 @@ class Run:
         view = view_of(self.state, token, self.attempt.task_id, self.attempt.handoff)
         outcome = self.host.outcome() if asks_backend(facts.event, view) else "unasked"
         # Nothing to wait for when nothing can tell (eager, no result backend), or waited already.
-        awaited = outcome is None or (self.state is not None and self.state.token == self.attempt.awaited)
-        return decide(replace(facts, view=view, delivered=outcome in ENDED_STATES, awaited=awaited))
+        waited_for = self.attempt.awaited_token
+        wait_over = outcome is None or (self.state is not None and self.state.token == waited_for)
+        return decide(replace(facts, view=view, delivered=outcome in ENDED_STATES, wait_over=wait_over))
 
     def _end(self, action: Action, fence: Fence | None, result: Any, countdown: float = 0.0, reason: str = "",
              cause: BaseException | None = None) -> Ending:

@@ -157,7 +157,7 @@ class _Host:
             lease_takeover.send(sender=task, expired_for=expired_for, **fields)
             # Only an exceptional acquire is published: an event per run cost a seventh of the throughput.
             event = {"key": fence.key, "token": fence.token, "expired_for": expired_for}
-            send_fence_event(task, request, "takeover", **event)
+            self._event("takeover", **event)
 
     def released(self, fence: Fence) -> None:
         self.request._fence = None
@@ -175,22 +175,25 @@ class _Host:
             reason = fields["reason"]
             log.warning("fence lease lost: %s token %d (%s): %s", key, token, task.name, reason)
             lease_lost.send(sender=task, reason=reason, **run)
-            send_fence_event(task, request, "lost", key=key, token=token, reason=reason)
+            self._event("lost", key=key, token=token, reason=reason)
         elif what == "refused":
             reason = fields["reason"]
             log.warning("fence refused %s[%s]: %s", task.name, request.id, reason)
             write_refused.send(sender=task, reason=reason, **run)
-            send_fence_event(task, request, "refused", key=key, token=token, exception=reason)
+            self._event("refused", key=key, token=token, exception=reason)
         elif what == "duplicate":
             reason = fields["reason"]
             detail = fields.get("detail", reason)
             why = absorbed_because(reason, token, detail)
             log.info("fence: duplicate delivery of %s absorbed: %s", key, why)
-            send_fence_event(task, request, "duplicate", key=key, token=token, reason=detail)
+            self._event("duplicate", key=key, token=token, reason=detail)
             lease_duplicate.send(sender=task, reason=reason, **run)
         else:
             assert what == "gave up", what
             store_wait_exhausted.send(sender=task, key=key, task_id=request.id, waited=fields["waited"])
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        send_fence_event(self.runtime.config, self.task, self.request, kind, **fields)
 
 
 def _perform(task: FencedTask, request: Any, runtime: FenceRuntime, ending: Ending) -> Any:

@@ -2,18 +2,20 @@
 
 Every store, built-in or third-party, is a class registered under the entry point group
 ``celery_fence.stores`` by its URL scheme; it is constructed as ``cls(url)`` and must satisfy
-:class:`~celery_fence.stores.base.RunStore` (the other roles are optional).
+:class:`~celery_fence.stores.base.RunStore` (the other roles are optional). ``open_store`` puts it behind
+its checked front (:mod:`.front`), which refuses bad arguments before the store sees them.
 """
 
 from __future__ import annotations
 
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, cast
 
 from ..errors import ConfigurationError
-from .base import FencedConnectionStore, Store
+from .base import FencedConnectionStore, Store, StoreClass
 from .capabilities import Capabilities, capabilities_of
 from .drivers import missing_driver
+from .front import checked
 from .urls import mask_url
 
 __all__ = [
@@ -44,12 +46,12 @@ def scheme_of(url: object) -> tuple[str, str | None]:
 
 
 def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> Store:
-    """Open the store named by ``url``. Refuses an unknown scheme or a missing extra at once."""
-    store: Store = store_class(url)(url, **options)
-    return store
+    """Open the store named by ``url``, behind its checked front. Refuses an unknown scheme or a missing
+    extra at once."""
+    return checked(store_class(url)(url, **options))
 
 
-def store_class(url: object) -> Any:
+def store_class(url: object) -> StoreClass:
     """The class registered for ``url``'s scheme under the ``celery_fence.stores`` entry point group (the
     built-in stores too). Refuses a malformed URL, an unknown scheme, a missing driver and what the store's
     own ``check_url`` refuses, without I/O."""
@@ -60,7 +62,7 @@ def store_class(url: object) -> Any:
             registered[ep.name] = ep
     if base not in registered:
         raise _unknown_scheme(base, str(url), sorted(registered))
-    cls = _load(registered[base])
+    cls = cast(StoreClass, _load(registered[base]))  # an entry point loads whatever it names
     check = getattr(cls, "check_url", None)
     if check is not None:
         check(str(url))

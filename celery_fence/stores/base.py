@@ -22,6 +22,7 @@ __all__ = [
     "RunStore",
     "RunTransactionHandle",
     "Store",
+    "StoreClass",
     "lacking",
 ]
 
@@ -168,6 +169,14 @@ class RecoveryStore(Protocol):
 class Store(RunStore, AuditStore, AdminStore, RecoveryStore, Protocol):
     """A lease store with every role: what the built-in stores are. Implementations hold their own clients
     and are created per process, after fork."""
+
+
+class StoreClass(Protocol):
+    """What the ``celery_fence.stores`` entry point group registers: called with the URL (and options),
+    it makes a store. It may also define ``check_url(url)`` and ``capabilities_for(url)``
+    (:mod:`.capabilities`)."""
+
+    def __call__(self, url: str, /, **options: Any) -> RunStore: ...
 
 
 def lacking(store: object, role: type) -> list[str]:

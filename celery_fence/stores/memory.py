@@ -14,36 +14,20 @@ from typing import Any
 
 from .. import codec
 from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
-from ..lease import (
-    MAX_TOKEN,
-    Abandoned,
-    HistoryEvent,
-    Lease,
-    LeaseState,
-    validate_key,
-    validate_ttl,
-)
+from ..lease import MAX_TOKEN, Abandoned, HistoryEvent, Lease, LeaseState
 from .capabilities import Capabilities
 from .memory_rows import Row, is_abandoned, lease_state
-from .validation import (
-    check_abandoned,
-    check_age,
-    check_gap,
-    check_lease,
-    check_leases,
-    check_limit,
-    check_owner,
-    check_step_name,
-    check_text,
-    out_of_tokens,
-    past_the_range,
-)
+from .validation import out_of_tokens, past_the_range
 
 __all__ = ["MemoryStore"]
 
 
 class MemoryStore:
-    """Reference implementation of :class:`celery_fence.stores.base.Store`."""
+    """Reference implementation of :class:`celery_fence.stores.base.Store`.
+
+    Its arguments come checked: ``open_store`` puts every store behind the front of
+    :mod:`celery_fence.stores.front`, which refuses a bad key, lease, ttl, name or number with
+    ``InvalidArgument`` before a method here runs. What is left is what a store must do itself."""
 
     max_value_bytes = codec.MAX_VALUE_BYTES
     capabilities = Capabilities(name="memory")
@@ -61,9 +45,6 @@ class MemoryStore:
         """Nothing to create."""
 
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
-        validate_key(key)
-        check_owner(owner)
-        ttl = validate_ttl(ttl)
         run_text = codec.dumps_mapping(run, self.max_value_bytes)
         with self._lock:
             now, row = self.clock(), self._rows.get(key)
@@ -83,8 +64,6 @@ class MemoryStore:
             return Lease(key, self._counter, owner, taken_over=expired_at is not None, expired_for=gap)
 
     def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
-        check_leases(leases)
-        ttl = validate_ttl(ttl)
         lost = []
         with self._lock:
             now = self.clock()
@@ -99,7 +78,6 @@ class MemoryStore:
         return lost
 
     def complete(self, lease: Lease, result: Any) -> None:
-        check_lease(lease)
         text = codec.dumps(result, self.max_value_bytes)
         with self._lock:
             row = self._require_current(lease, "complete")
@@ -108,7 +86,6 @@ class MemoryStore:
             self._log(lease.key, "complete", lease.token, lease.owner, now)
 
     def release(self, lease: Lease) -> None:
-        check_lease(lease)
         with self._lock:
             row = self._current(lease)
             if row is not None:
@@ -116,8 +93,6 @@ class MemoryStore:
                 self._log(lease.key, "release", lease.token, lease.owner, self.clock())
 
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
-        check_lease(lease)
-        check_step_name(name)
         text = codec.dumps(value, self.max_value_bytes)
         with self._lock:
             self._require_current(lease, f"step {name}")
@@ -128,25 +103,19 @@ class MemoryStore:
             self._log(lease.key, "step", lease.token, lease.owner, self.clock(), name)
 
     def steps(self, key: str) -> dict[str, Any]:
-        validate_key(key)
         with self._lock:
             return {name: codec.loads(text) for name, text in self._steps.get(key, {}).items()}
 
     def refuse(self, lease: Lease, what: str) -> None:
-        check_lease(lease)
-        check_text(what, "what was refused")
         with self._lock:
             self._log(lease.key, "refused", lease.token, lease.owner, self.clock(), what)
 
     def get(self, key: str) -> LeaseState | None:
-        validate_key(key)
         with self._lock:
             row = self._rows.get(key)
             return None if row is None else lease_state(key, row, self.clock())
 
     def history(self, key: str | None = None) -> list[HistoryEvent]:
-        if key is not None:
-            validate_key(key)
         with self._lock:
             return [copy.copy(e) for e in self._history if key is None or e.key == key]
 
@@ -156,7 +125,6 @@ class MemoryStore:
             return [lease_state(key, row, now) for key, row in sorted(self._rows.items())]
 
     def force_release(self, key: str) -> int:
-        validate_key(key)
         with self._lock:
             row = self._rows.get(key)
             if row is None:
@@ -167,10 +135,9 @@ class MemoryStore:
             return row.token
 
     def prune(self, older_than: float) -> int:
-        age = check_age(older_than)
         with self._lock:
             now = self.clock()
-            cutoff = now - age
+            cutoff = now - older_than
             gone = {k: r for k, r in self._rows.items() if r.done and (r.finished_at or 0) <= cutoff}
             # Their history goes with them, and so do the markers of earlier prunes older than the
             # cutoff (before this prune writes its own): growth stays bounded.
@@ -184,7 +151,6 @@ class MemoryStore:
             return len(gone)
 
     def advance(self, gap: int) -> int:
-        check_gap(gap)
         with self._lock:
             if self._counter + gap > MAX_TOKEN:
                 raise past_the_range(gap, self._counter)
@@ -192,7 +158,6 @@ class MemoryStore:
             return self._counter
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
-        grace, limit = check_age(grace), check_limit(limit)
         with self._lock:
             now = self.clock()
             rows = [(k, r) for k, r in self._rows.items() if is_abandoned(r, now, grace)]
@@ -200,7 +165,6 @@ class MemoryStore:
             return [Abandoned(k, r.token, codec.loads(r.run), r.recoveries, r.sent) for k, r in rows[:limit]]
 
     def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
-        check_abandoned(seen, max_recoveries, reason)
         key, token = seen.key, seen.token
         with self._lock:
             now, row = self.clock(), self._rows.get(key)
@@ -217,8 +181,6 @@ class MemoryStore:
             return row.recoveries + 1
 
     def strand(self, key: str, run: Mapping[str, Any] | None, reason: str) -> bool:
-        validate_key(key)
-        check_text(reason, "a give-up reason")
         run_text = codec.dumps_mapping(run, self.max_value_bytes)
         with self._lock:
             row = self._rows.get(key)

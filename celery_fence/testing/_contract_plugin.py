@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from ..stores.base import lacking
+from ..stores.front import checked
 from ._harness import StoreHarness
 
 
@@ -27,9 +28,10 @@ def fence_contract_harness() -> StoreHarness:
 def fence_contract_store(
     fence_contract_harness: StoreHarness, request: pytest.FixtureRequest
 ) -> Iterator[Any]:
-    """A fresh store from the harness; a test of a role the store does not have is skipped."""
+    """A fresh store from the harness, behind the checked front ``open_store`` puts it behind; a test of a
+    role the store does not have is skipped."""
     opened = fence_contract_harness.open(request)
-    store = next(opened)
+    store = checked(next(opened))
     try:
         needed = getattr(sys.modules[request.function.__module__], "REQUIRES", ())
         missing = [role.__name__ for role in needed if lacking(store, role)]

@@ -101,7 +101,7 @@ class FenceRecovery(bootsteps.StartStopStep):  # type: ignore[misc]  # celery sh
         if self.tref is not None:
             self.tref.cancel()
         if self.election is not None and self.election.lease is not None:
-            self._with_store(worker, self.election.step_down)
+            self._with_store(runtime_for(worker.app).config.store_url, self.election.step_down)
 
     def run(self, worker: Any) -> None:
         config = runtime_for(worker.app).config
@@ -112,11 +112,11 @@ class FenceRecovery(bootsteps.StartStopStep):  # type: ignore[misc]  # celery sh
             if election.hold(store):
                 recover_abandoned(worker.app, store, config.policy.ttl, config.max_recoveries)
 
-        self._with_store(worker, one_pass)
+        self._with_store(config.store_url, one_pass)
 
     @staticmethod
-    def _with_store(worker: Any, action: Callable[[Store], None]) -> None:
-        store = open_store(runtime_for(worker.app).config.store_url)  # short-lived: none held at fork
+    def _with_store(store_url: str, action: Callable[[Store], None]) -> None:
+        store = open_store(store_url)  # short-lived: none held at fork
         try:
             with lock_wait(ADMIN_LOCK_WAIT):  # the worker's timer thread: never held by a stopped process
                 action(store)

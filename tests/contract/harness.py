@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from celery_fence import open_store
+from celery_fence.stores.front import checked
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import FakeClock
@@ -25,7 +26,7 @@ from celery_fence.testing import StoreHarness as Harness
 
 
 def _memory(request: pytest.FixtureRequest) -> Iterator[Any]:
-    yield MemoryStore(clock=FakeClock())
+    yield checked(MemoryStore(clock=FakeClock()))  # behind the front, as open_store puts it
 
 
 def _memory_expire(store: MemoryStore) -> None:
@@ -64,7 +65,7 @@ def pg_schema_store(base_url: str) -> Iterator[SQLStore]:
 
 def _postgres(request: pytest.FixtureRequest) -> Iterator[Any]:
     with pg_schema_store(request.getfixturevalue("postgres_url")) as store:
-        yield store
+        yield checked(store)
 
 
 def _sql_expire(store: SQLStore) -> None:

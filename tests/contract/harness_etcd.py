@@ -47,7 +47,7 @@ def near_the_top(store: EtcdStore, left: int) -> None:
     space = store.space
     revision, epochs = space.read([]).revision, space.epochs
     _, value = epochs.advanced(MAX_TOKEN - left - (revision + 1) - epochs.offset)
-    assert space.gw.txn([space.offset_is(epochs)], [put(space.offset_key, value)]).succeeded
+    assert space.gateway.txn([space.offset_is(epochs)], [put(space.offset_key, value)]).succeeded
     space.read([])  # the store's cached epochs: the new one
 
 

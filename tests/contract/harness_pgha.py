@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from celery_fence.stores.front import checked
+
 from ..servers.pg_pair import PostgresPair, multi_host_url, postgres_pair
 from .harness import Harness, _sql_expire, pg_schema_store
 
@@ -31,7 +33,7 @@ def _pair(request: pytest.FixtureRequest) -> PostgresPair:
 def _open(request: pytest.FixtureRequest) -> Iterator[Any]:
     pair = _pair(request)
     with pg_schema_store(multi_host_url(pair.ports[::-1])) as store:
-        yield store
+        yield checked(store)
 
 
 HARNESS = Harness("postgresql-ha", _open, _sql_expire)

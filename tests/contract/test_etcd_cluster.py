@@ -51,7 +51,7 @@ def _eventually(call: Any, what: str, timeout: float = 30) -> Any:
 def test_a_list_of_endpoints_names_every_member() -> None:
     store = EtcdStore("etcd://10.0.0.1:2379,10.0.0.2,[::1]:2380/app")
     assert store.url == "etcd://10.0.0.1:2379,10.0.0.2:2379,[::1]:2380/app/"
-    assert [t.base_url for t in store.gw.members.transports] == [
+    assert [t.base_url for t in store.gateway.members.transports] == [
         "http://10.0.0.1:2379",
         "http://10.0.0.2:2379",
         "http://[::1]:2380",

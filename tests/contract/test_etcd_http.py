@@ -46,7 +46,7 @@ def scripted() -> Iterator[Any]:
 
 def _local_ports(store: EtcdStore) -> set[int]:
     """The local ports of the store's idle connections in this process."""
-    return {conn.sock.getsockname()[1] for conn in store.gw.http._idle if conn.sock is not None}
+    return {conn.sock.getsockname()[1] for conn in store.gateway.http._idle if conn.sock is not None}
 
 
 def test_timeouts_are_the_requests_clients(scripted: Any) -> None:
@@ -159,7 +159,7 @@ def test_threads_use_connections_of_their_own(estore: EtcdStore) -> None:
     with ThreadPoolExecutor(8) as pool:
         tokens = list(pool.map(run, range(8)))
     assert len(set(tokens)) == 8 and all((estore.get(f"t{i}") or pytest.fail()).result == i for i in range(8))
-    assert 1 <= len(store.gw.http._idle) <= 8  # never more than the calls that ran at once
+    assert 1 <= len(store.gateway.http._idle) <= 8  # never more than the calls that ran at once
     store.etcd_leases.revoke_all()
     store.close()
 

@@ -67,13 +67,13 @@ class RoundTrips:
 
 def _lease_of(store: EtcdStore, key: str) -> int:
     """The etcd lease the key's lock is attached to."""
-    lock = store.gw.txn([], [range_of(store.space.k("lock", key))]).first(0)
+    lock = store.gateway.txn([], [range_of(store.space.k("lock", key))]).first(0)
     assert lock is not None
     return lock.lease
 
 
 def _granted_ttl(store: EtcdStore, lease_id: int) -> int:
-    return int(store.gw.call("/lease/timetolive", {"ID": str(lease_id)})["grantedTTL"])
+    return int(store.gateway.call("/lease/timetolive", {"ID": str(lease_id)})["grantedTTL"])
 
 
 def test_http_round_trips_of_each_operation_renew_the_same_for_any_count(
@@ -115,8 +115,8 @@ def test_stale_etcd_lease_is_kept_alive_before_a_new_lock(
 def test_revoked_etcd_lease_loses_every_lease_on_it(estore: EtcdStore) -> None:
     leases = [estore.acquire(f"k{i}", "w", TTL) for i in range(3)]
     lease_id = _lease_of(estore, "k0")
-    estore.gw.call("/lease/revoke", {"ID": str(lease_id)})  # behind the store's back
-    assert estore.gw.keepalive(lease_id) == 0  # the gateway answers 200 without a TTL
+    estore.gateway.call("/lease/revoke", {"ID": str(lease_id)})  # behind the store's back
+    assert estore.gateway.keepalive(lease_id) == 0  # the gateway answers 200 without a TTL
     assert estore.renew(leases, TTL) == leases
     assert ("renew-failed", leases[0].token) in [(e.event, e.token) for e in estore.history("k0")]
     for lease in leases:
@@ -131,7 +131,7 @@ def test_revoked_etcd_lease_loses_every_lease_on_it(estore: EtcdStore) -> None:
 def test_a_revoked_cached_etcd_lease_is_replaced_on_acquire(estore: EtcdStore) -> None:
     estore.acquire("a", "w", TTL)
     lease_id = _lease_of(estore, "a")
-    estore.gw.call("/lease/revoke", {"ID": str(lease_id)})
+    estore.gateway.call("/lease/revoke", {"ID": str(lease_id)})
     lease = estore.acquire("b", "w", TTL)  # the Txn names a lease etcd no longer has: grant, try again
     assert lease.token > 0 and _lease_of(estore, "b") != lease_id
 
@@ -409,13 +409,13 @@ def test_abandoned_counts_its_grace_from_when_it_was_first_seen_expired(estore: 
     estore.etcd_leases.revoke_all()
     held = estore.space.k("held", "k")
     assert estore.abandoned(60.0) == []  # etcd does not say when it expired: stamped now
-    stamp = float((estore.gw.txn([], [range_of(held)]).first(0) or pytest.fail()).value)
+    stamp = float((estore.gateway.txn([], [range_of(held)]).first(0) or pytest.fail()).value)
     assert abs(stamp - time.time()) < 5
-    estore.gw.txn([], [put(held, repr(stamp - 100))])  # as if first seen expired 100 s ago
+    estore.gateway.txn([], [put(held, repr(stamp - 100))])  # as if first seen expired 100 s ago
     (seen,) = estore.abandoned(60.0)
     assert (seen.key, seen.run, seen.recoveries) == ("k", run, 0)
     estore.acquire("k", "b", TTL)  # a takeover clears the stamp
-    assert (estore.gw.txn([], [range_of(held)]).first(0) or pytest.fail()).value == ""
+    assert (estore.gateway.txn([], [range_of(held)]).first(0) or pytest.fail()).value == ""
     assert estore.abandoned(0.0) == []
 
 
@@ -438,14 +438,14 @@ def test_a_lock_nobody_renews_expires_although_its_etcd_lease_lives(estore: Etcd
 
 def _lose_the_next_answer(store: EtcdStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """The next Txn commits, but its answer never arrives."""
-    real = store.gw.txn
+    real = store.gateway.txn
 
     def txn(*args: Any) -> Any:
-        monkeypatch.setattr(store.gw, "txn", real)
+        monkeypatch.setattr(store.gateway, "txn", real)
         real(*args)
         raise StoreUnavailable("answer lost")
 
-    monkeypatch.setattr(store.gw, "txn", txn)
+    monkeypatch.setattr(store.gateway, "txn", txn)
 
 
 def test_an_acquire_whose_answer_was_lost(estore: EtcdStore, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from celery_fence.stores.etcd import EtcdStore
 from celery_fence.stores.etcd.gateway import delete
+from celery_fence.stores.front import checked
 from celery_fence.testing import free_port
 
 from .process import ServerProcess
@@ -96,7 +97,7 @@ class EtcdServer(ServerProcess):
 def open_store_at(url: str) -> Iterator[EtcdStore]:
     """A store on ``url``; its etcd leases and keys (its whole prefix) are gone afterwards."""
     store = EtcdStore(url)
-    yield store
+    yield checked(store)  # behind the front, as open_store puts it
     store.etcd_leases.revoke_all()
-    store.gw.txn([], [delete(store.prefix, prefix=True)])
+    store.gateway.txn([], [delete(store.prefix, prefix=True)])
     store.close()

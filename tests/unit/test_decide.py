@@ -50,10 +50,10 @@ FLAGS = list(itertools.product([False, True], repeat=5))
 
 def every_facts() -> list[Facts]:
     return [
-        Facts(event, view, joined, delivered, deadline, read_failed, awaited)
+        Facts(event, view, joined, delivered, deadline, read_failed, wait_over)
         for event in Event
         for view in View
-        for joined, delivered, deadline, read_failed, awaited in FLAGS
+        for joined, delivered, deadline, read_failed, wait_over in FLAGS
     ]
 
 
@@ -170,7 +170,7 @@ def test_a_duplicate_of_a_delivered_result_does_not_deliver_it_again() -> None:
     """Canvas: Celery sends a task's callbacks before it stores SUCCESS; a copy that finds SUCCESS stored
     must not send the chain's next task or count a chord part again."""
     assert decide(Facts(Event.FINISHED, View.SAME_TASK_DONE, delivered=True)) is Action.ABSORB
-    assert decide(Facts(Event.FINISHED, View.SAME_TASK_DONE, delivered=True, awaited=True)) is Action.ABSORB
+    assert decide(Facts(Event.FINISHED, View.SAME_TASK_DONE, delivered=True, wait_over=True)) is Action.ABSORB
     assert decide(Facts(Event.FINISHED, View.OTHER_TASK_DONE, delivered=True)) is Action.ABSORB  # N1
     assert decide(Facts(Event.FINISHED, read_failed=True, delivered=True)) is Action.ABSORB  # N3
 
@@ -181,10 +181,10 @@ def test_a_copy_waits_a_ttl_for_a_finished_run_to_deliver_before_it_delivers_for
     before it delivered) returns the stored result, so Celery sends the callbacks once either way."""
     for view in (View.SAME_TASK_DONE, View.MINE_DONE):
         assert decide(Facts(Event.FINISHED, view)) is Action.AWAIT_DELIVERY
-        assert decide(Facts(Event.FINISHED, view, awaited=True)) is Action.RETURN_STORED
+        assert decide(Facts(Event.FINISHED, view, wait_over=True)) is Action.RETURN_STORED
     for facts in ALL:
         if decide(facts) is Action.AWAIT_DELIVERY:
-            assert facts.event is Event.FINISHED and not facts.delivered and not facts.awaited, facts
+            assert facts.event is Event.FINISHED and not facts.delivered and not facts.wait_over, facts
     assert decide(Facts(Event.FINISHED, View.OTHER_TASK_DONE)) is Action.RETURN_STORED
 
 

@@ -10,6 +10,7 @@ import pytest
 from celery import Celery
 
 from celery_fence._events import send_fence_event
+from celery_fence._runtime import runtime_for
 from celery_fence.testing import free_port
 
 
@@ -43,20 +44,23 @@ WORKER_RUN = SimpleNamespace(id="t1", hostname="w@h", is_eager=False)
 @pytest.mark.parametrize("send_events", [None, True])
 def test_a_worker_run_sends_its_fence_events(send_events: bool | None) -> None:
     task, sent = _task(send_events)
-    send_fence_event(task, WORKER_RUN, "refused", key="k", token=3, exception="stale")
+    send_fence_event(
+        runtime_for(task.app).config, task, WORKER_RUN, "refused", key="k", token=3, exception="stale"
+    )
     assert [(kind, f["uuid"], f["key"]) for kind, f in sent] == [("task-fence-refused", "t1", "k")]
 
 
 def test_fence_send_events_false_sends_none() -> None:
     task, sent = _task(False)
     for kind in ("acquired", "lost", "refused", "duplicate"):
-        send_fence_event(task, WORKER_RUN, kind, key="k", token=3)
+        send_fence_event(runtime_for(task.app).config, task, WORKER_RUN, kind, key="k", token=3)
     assert sent == []
 
 
 def test_an_eager_run_sends_nothing() -> None:
     task, sent = _task(True)
-    send_fence_event(task, SimpleNamespace(id="t1", hostname=None, is_eager=True), "lost", key="k", token=1)
+    eager = SimpleNamespace(id="t1", hostname=None, is_eager=True)
+    send_fence_event(runtime_for(task.app).config, task, eager, "lost", key="k", token=1)
     assert sent == []
 
 
@@ -68,7 +72,10 @@ def test_a_broker_that_does_not_answer_drops_the_event_with_a_log_line(
     app.conf.fence_store_url = "memory://"
     app.conf.task_publish_retry_policy = {"max_retries": 0}
     with caplog.at_level(logging.WARNING, logger="celery_fence"):
-        send_fence_event(SimpleNamespace(app=app), WORKER_RUN, "refused", key="k", token=3, exception="stale")
+        config = runtime_for(app).config
+        send_fence_event(
+            config, SimpleNamespace(app=app), WORKER_RUN, "refused", key="k", token=3, exception="stale"
+        )
     (record,) = [r for r in caplog.records if r.name.startswith("celery_fence")]
     assert record.getMessage().startswith("could not send task-fence-refused for t1: ")
 
@@ -91,7 +98,7 @@ def test_the_log_line_of_an_absorbed_delivery_says_what_happened(
 
     task, _ = _task(True)
     task.name = "shop.charge"
-    host = _Host(task, SimpleNamespace(id="t1", hostname=None, is_eager=True), None)  # type: ignore[arg-type]
+    host = _Host(task, SimpleNamespace(id="t1", hostname=None, is_eager=True), runtime_for(task.app))
     extra = {} if detail is None else {"detail": detail}
     with caplog.at_level("INFO", logger="celery_fence.task"):
         host.report("duplicate", "k", token, reason=reason, **extra)

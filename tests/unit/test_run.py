@@ -706,7 +706,7 @@ def test_a_copy_of_a_finished_run_not_delivered_yet_waits_once_then_delivers_for
     first = world.run(host)
     assert first.kind is Kind.SEND_AGAIN and first.headers.get("fence_awaited") == lease.token
     assert first.countdown == TTL
-    assert world.run(host, awaited=lease.token) == Ending.returning("stored")
+    assert world.run(host, awaited_token=lease.token) == Ending.returning("stored")
     assert host.bodies == 0
 
 

@@ -271,7 +271,7 @@ def test_a_takeover_and_its_release_reach_signals_and_events_with_their_fields(
     task = work._get_current_object()
     runtime = runtime_for(app)
     events: list[tuple[str, dict[str, Any]]] = []
-    monkeypatch.setattr(task_module, "send_fence_event", lambda t, r, kind, **f: events.append((kind, f)))
+    monkeypatch.setattr(task_module, "send_fence_event", lambda c, t, r, kind, **f: events.append((kind, f)))
     heard: list[tuple[str, dict[str, Any]]] = []
 
     def receiver(signal: Any, sender: Any, **fields: Any) -> None:

@@ -26,7 +26,7 @@ def force_release(space: Keyspace, key: str) -> int | None:
     info.pop("token", None)  # a strand's pinned token: the new token is this Txn's revision
     event = space.event(Lease(key, 0, ""), "admin-release")
     ops = [etcd.put(state.key, json.dumps(info)), *space.free(key), event]
-    result = space.gw.txn([etcd.modified(state.key, state.mod), space.offset_is(epochs)], ops)
+    result = space.gateway.txn([etcd.modified(state.key, state.mod), space.offset_is(epochs)], ops)
     return epochs.token(result.revision) if result.succeeded else None
 
 
@@ -35,7 +35,7 @@ def advance(space: Keyspace, gap: int) -> int | None:
     if revision + epochs.offset + gap > MAX_TOKEN - HEADROOM:  # nothing written yet
         raise past_the_range(gap, revision + epochs.offset)
     offset, value = epochs.advanced(gap)
-    result = space.gw.txn([space.offset_is(epochs)], [etcd.put(space.offset_key, value)])
+    result = space.gateway.txn([space.offset_is(epochs)], [etcd.put(space.offset_key, value)])
     if not result.succeeded:
         return None
     space.read([])

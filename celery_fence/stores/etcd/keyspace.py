@@ -23,8 +23,8 @@ MAX_OPS = 128  # etcd's default --max-txn-ops
 
 
 class Keyspace:
-    def __init__(self, gw: etcd.Gateway, prefix: str) -> None:
-        self.gw, self.prefix = gw, prefix
+    def __init__(self, gateway: etcd.Gateway, prefix: str) -> None:
+        self.gateway, self.prefix = gateway, prefix
         self.offset_key = f"{prefix}meta/offset"
         self.epochs = etcd.Epochs()  # as last read; a Txn that compares the offset finds out if it moved
 
@@ -42,7 +42,7 @@ class Keyspace:
 
     def read(self, ranges: list[Op]) -> TxnResult:
         """One read of ``ranges`` (answers from index 1) with the offset key, which refreshes the cache."""
-        result = self.gw.txn([], [etcd.get(self.offset_key), *ranges])
+        result = self.gateway.txn([], [etcd.get(self.offset_key), *ranges])
         self.epochs = etcd.Epochs.load(result.first(0))
         return result
 
@@ -65,4 +65,4 @@ class Keyspace:
 
     def log(self, events: list[Op]) -> None:
         for start in range(0, len(events), MAX_OPS):
-            self.gw.txn([], events[start : start + MAX_OPS])
+            self.gateway.txn([], events[start : start + MAX_OPS])

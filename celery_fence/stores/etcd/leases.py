@@ -31,7 +31,7 @@ class ProcessLeases:
     lock lives as long as its etcd lease, which other locks keep alive). A forked child has none of these."""
 
     def __init__(self, gateway: Gateway) -> None:
-        self.gw = gateway
+        self.gateway = gateway
         self.forget_after_fork()  # none yet
         forget_in_child(self)
 
@@ -46,14 +46,14 @@ class ProcessLeases:
         lease_id, refreshed = self._get(seconds)
         stale = time.monotonic() - refreshed > seconds * _FRESH
         if not lease_id or (stale and not self.keepalive(seconds, lease_id)):
-            sent, lease_id = time.monotonic(), self.gw.grant(seconds)
+            sent, lease_id = time.monotonic(), self.gateway.grant(seconds)
             with self._lock:
                 self._leases[seconds] = (lease_id, sent)
         return lease_id
 
     def keepalive(self, seconds: int, lease_id: int) -> bool:
         """Keep ``lease_id`` alive; forget it when etcd says it is gone (the answer has no TTL > 0)."""
-        sent, alive = time.monotonic(), self.gw.keepalive(lease_id) > 0
+        sent, alive = time.monotonic(), self.gateway.keepalive(lease_id) > 0
         with self._lock:
             ours = self._leases.get(seconds, (0, 0.0))
             if ours[0] == lease_id and alive:
@@ -87,7 +87,7 @@ class ProcessLeases:
         with self._lock:
             leases, self._leases, self._due = list(self._leases.values()), {}, {}
         for lease_id, _ in leases:
-            self.gw.revoke(lease_id)
+            self.gateway.revoke(lease_id)
 
     def _get(self, seconds: int) -> tuple[int, float]:
         with self._lock:

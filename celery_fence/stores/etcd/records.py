@@ -30,7 +30,6 @@ from urllib.parse import unquote
 
 from ... import codec
 from ...lease import Abandoned, HistoryEvent, Lease, LeaseState, recovery_backoff
-from ..validation import check_abandoned, check_age, check_limit
 from . import gateway as etcd
 from .gateway import KV, Op
 from .keyspace import KINDS, Keyspace
@@ -58,7 +57,7 @@ def states(space: Keyspace, ranges: list[Op]) -> list[LeaseState]:
     """The states read by ``ranges`` (one per kind, in ``KINDS`` order), with the time left on live locks."""
     by_key = space.records(ranges)
     ids = {found["lock"].lease for found in by_key.values() if "lock" in found}
-    ttls = {lease_id: space.gw.time_to_live(lease_id) for lease_id in ids}
+    ttls = {lease_id: space.gateway.time_to_live(lease_id) for lease_id in ids}
     return [_state(space, key, found, ttls) for key, found in sorted(by_key.items()) if "state" in found]
 
 
@@ -98,12 +97,12 @@ def history(space: Keyspace, key: str | None) -> list[HistoryEvent]:
 def prune(space: Keyspace, older_than: float) -> int:
     """Delete every record of keys finished before ``older_than`` seconds ago (writer clocks), history too,
     leaving one marker ``pruned/<key>`` (the state's token) in its place; older markers go first."""
-    cutoff = time.time() - check_age(older_than)
+    cutoff = time.time() - older_than
     kinds = ("pruned", "done", "state")
     found = space.read([etcd.get(space.k(k), prefix=True, keys_only=k == "state") for k in kinds])
     for kv in found.kvs(1):
         if json.loads(kv.value)["at"] <= cutoff:
-            space.gw.txn([etcd.modified(kv.key, kv.mod)], [etcd.delete(kv.key)])
+            space.gateway.txn([etcd.modified(kv.key, kv.mod)], [etcd.delete(kv.key)])
     old = [kv for kv in found.kvs(2) if json.loads(kv.value)["finished_at"] <= cutoff]
     states = {kv.key: kv for kv in found.kvs(3)}
     return sum(_wipe(space, kv, states) for kv in old)
@@ -122,18 +121,18 @@ def _wipe(space: Keyspace, done: KV, states: Mapping[str, KV]) -> bool:
     children = [etcd.delete(space.k(kind, key) + "/", prefix=True) for kind in ("steps", "history")]
     marker = dict(key=key, event="pruned", token=token, owner=None, detail=None, at=time.time())
     ops = [*deletes, *children, etcd.put(space.k("pruned", key), json.dumps(marker))]
-    return space.gw.txn(unchanged, ops).succeeded
+    return space.gateway.txn(unchanged, ops).succeeded
 
 
 def abandoned(space: Keyspace, grace: float, limit: int) -> list[Abandoned]:
     """Keys held without a lock (expired), not done, dead or recovered within ``grace``."""
-    grace, limit, now, late = check_age(grace), check_limit(limit), time.time(), []
+    now, late = time.time(), []
     found = space.records([etcd.get(space.k(kind), prefix=True) for kind in KINDS])
     idle = {key: r for key, r in found.items() if _idle(r)}
     for key, r in idle.items():
         if not r["held"].value:  # first seen expired: stamp it, unless a lock was taken meanwhile
             guard = [etcd.modified(r["held"].key, r["held"].mod), etcd.created(space.k("lock", key), 0)]
-            space.gw.txn(guard, [etcd.put(r["held"].key, repr(now))])
+            space.gateway.txn(guard, [etcd.put(r["held"].key, repr(now))])
         expired_at = float(r["held"].value or now)
         rec = _recovery(r)
         if expired_at <= now - grace and rec["at"] <= now - grace * recovery_backoff(rec["sent"]):
@@ -142,7 +141,7 @@ def abandoned(space: Keyspace, grace: float, limit: int) -> list[Abandoned]:
 
 
 def recover(space: Keyspace, seen: Abandoned, max_recoveries: int, reason: str) -> int | None:
-    k = {kind: space.k(kind, check_abandoned(seen, max_recoveries, reason).key) for kind in KINDS}
+    k = {kind: space.k(kind, seen.key) for kind in KINDS}
     r = space.records([etcd.get(name) for name in k.values()]).get(seen.key, {})
     if not _idle(r) or _abandoned(space, seen.key, r) != seen:
         return None  # taken over, finished, dead, or recovered first
@@ -155,7 +154,7 @@ def recover(space: Keyspace, seen: Abandoned, max_recoveries: int, reason: str) 
         ops = [space.event(lease, "recovered", str(count + 1))]
     record = {"count": count, "at": time.time(), "sent": sent, "rev": r["state"].mod}
     ops.append(etcd.put(k["recovery"], json.dumps(record)))
-    return (0 if dead else count + 1) if space.gw.txn(_unchanged(k, r), ops).succeeded else None
+    return (0 if dead else count + 1) if space.gateway.txn(_unchanged(k, r), ops).succeeded else None
 
 
 def strand(space: Keyspace, key: str, reason: str, run_text: str | None) -> bool | None:
@@ -169,7 +168,7 @@ def strand(space: Keyspace, key: str, reason: str, run_text: str | None) -> bool
     token = state_token(epochs, r["state"], json.loads(r["state"].value)) if "state" in r else 0
     state = etcd.put(k["state"], json.dumps({"owner": None, "run": run_text, "token": token}))
     ops = [state, *_mark_dead(space, k, Lease(key, token, ""), "gave-up", reason)]
-    return space.gw.txn([*_unchanged(k, r), space.offset_is(epochs)], ops).succeeded or None
+    return space.gateway.txn([*_unchanged(k, r), space.offset_is(epochs)], ops).succeeded or None
 
 
 def _mark_dead(space: Keyspace, k: Mapping[str, str], lease: Lease, event: str, reason: str) -> list[Op]:

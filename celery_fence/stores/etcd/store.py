@@ -21,15 +21,7 @@ from urllib.parse import quote, unquote
 
 from ... import codec
 from ...errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken, StoreUnavailable
-from ...lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
-from ..validation import (
-    check_gap,
-    check_lease,
-    check_leases,
-    check_owner,
-    check_step_name,
-    check_text,
-)
+from ...lease import Abandoned, HistoryEvent, Lease, LeaseState
 from . import admin, records
 from . import gateway as etcd
 from .gateway import KV, Op, TxnResult
@@ -54,9 +46,9 @@ class EtcdStore:
     def __init__(self, url: str, prefix: str | None = None, timeout: tuple[float, float] = _TIMEOUT) -> None:
         members, self.prefix = etcd.parse_url(url, prefix)
         self.url = f"etcd://{','.join(members)}/{quote(self.prefix)}"  # names the same keys in any process
-        self.gw = etcd.Gateway([f"http://{member}" for member in members], timeout)
-        self.etcd_leases = ProcessLeases(self.gw)
-        self.space = Keyspace(self.gw, self.prefix)
+        self.gateway = etcd.Gateway([f"http://{member}" for member in members], timeout)
+        self.etcd_leases = ProcessLeases(self.gateway)
+        self.space = Keyspace(self.gateway, self.prefix)
 
     @staticmethod
     def check_url(url: str) -> None:
@@ -68,16 +60,12 @@ class EtcdStore:
         self.space.read([])
 
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
-        validate_key(key)
-        check_owner(owner)
-        ttl = validate_ttl(ttl)
         run_text = codec.dumps_mapping(run, self.max_value_bytes // 2)  # JSON in JSON: escapes may double it
         state = json.dumps({"owner": owner, "run": run_text})
         self._expire_overdue()
         return self._retry(f"acquire({key!r})", lambda: self._acquire(key, owner, ttl, state))
 
     def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
-        leases, ttl = check_leases(leases), validate_ttl(ttl)
         if not leases:
             return []
         self._expire_overdue()
@@ -95,7 +83,6 @@ class EtcdStore:
         return lost
 
     def complete(self, lease: Lease, result: Any) -> None:
-        check_lease(lease)
         done = {"token": lease.token, "result": codec.dumps(result), "finished_at": time.time()}
         record = json.dumps(done)
         codec.check_size(record, self.max_value_bytes, "the result")  # refused before anything is sent
@@ -106,14 +93,12 @@ class EtcdStore:
             self._stale(lease, "complete", answer)
 
     def release(self, lease: Lease) -> None:
-        check_lease(lease)
         space = self.space
         self._fenced(lease, [], [*space.free(lease.key), space.event(lease, "release")])  # stale: nothing
         self.etcd_leases.untrack(lease)
 
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
-        check_lease(lease)
-        step = self.space.k("steps", lease.key) + "/" + quote(check_step_name(name), safe="")
+        step = self.space.k("steps", lease.key) + "/" + quote(name, safe="")
         value_text = codec.dumps(value, self.max_value_bytes)
         ops = [etcd.put(step, value_text), self.space.event(lease, "step", name)]
         answer = self._fenced(lease, [etcd.created(step, 0)], ops)
@@ -123,16 +108,15 @@ class EtcdStore:
             raise InvalidArgument(f"step {name!r} of key {lease.key!r} is already committed")
 
     def steps(self, key: str) -> dict[str, Any]:
-        steps = self.space.k("steps", validate_key(key)) + "/"
+        steps = self.space.k("steps", key) + "/"
         found = self.space.read([etcd.get(steps, prefix=True)]).kvs(1)
         return {unquote(kv.key.rsplit("/", 1)[1]): codec.loads(kv.value) for kv in sorted(found, key=_order)}
 
     def refuse(self, lease: Lease, what: str) -> None:
-        what = check_text(what, "what was refused")
-        self.space.log([self.space.event(check_lease(lease), "refused", what)])
+        self.space.log([self.space.event(lease, "refused", what)])
 
     def get(self, key: str) -> LeaseState | None:
-        ranges = [etcd.get(self.space.k(kind, validate_key(key))) for kind in KINDS]
+        ranges = [etcd.get(self.space.k(kind, key)) for kind in KINDS]
         states = records.states(self.space, ranges)
         return states[0] if states else None
 
@@ -140,10 +124,9 @@ class EtcdStore:
         return records.states(self.space, [etcd.get(self.space.k(kind), prefix=True) for kind in KINDS])
 
     def history(self, key: str | None = None) -> list[HistoryEvent]:
-        return records.history(self.space, None if key is None else validate_key(key))
+        return records.history(self.space, key)
 
     def force_release(self, key: str) -> int:
-        validate_key(key)
         return self._retry(f"force_release({key!r})", lambda: admin.force_release(self.space, key))
 
     def prune(self, older_than: float) -> int:
@@ -153,7 +136,6 @@ class EtcdStore:
         """Raise the token offset by ``gap``: tokens are revisions plus an offset (etcd 3.4 cannot bump its
         revision), and every ``Txn`` compares the offset key, so none issues or checks a token with a stale
         one. Returns the floor: at least ``gap`` above every token issued before, below every later one."""
-        check_gap(gap)
         return self._retry(f"advance({gap})", lambda: admin.advance(self.space, gap))
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
@@ -163,13 +145,12 @@ class EtcdStore:
         return records.recover(self.space, seen, max_recoveries, reason)
 
     def strand(self, key: str, run: Mapping[str, Any] | None, reason: str) -> bool:
-        args = validate_key(key), check_text(reason, "a give-up reason")
         run_text = codec.dumps_mapping(run, self.max_value_bytes // 2)  # as acquire keeps it
-        return self._retry(f"strand({key!r})", lambda: records.strand(self.space, *args, run_text))
+        return self._retry(f"strand({key!r})", lambda: records.strand(self.space, key, reason, run_text))
 
     def close(self) -> None:
         """Close this process's idle HTTP connections; the etcd leases run out by their ttl. Idempotent."""
-        self.gw.close()
+        self.gateway.close()
 
     def _acquire(self, key: str, owner: str, ttl: float, state: str) -> Lease | None:
         seconds = lease_seconds(ttl)
@@ -184,7 +165,7 @@ class EtcdStore:
         unsure = Lease(key, 0, owner)  # token 0: if the answer is lost, a lock of this owner may exist
         self.etcd_leases.track(unsure, ttl, sent)
         try:
-            result = self.gw.txn(compare, [log, *puts], failure)
+            result = self.gateway.txn(compare, [log, *puts], failure)
         except etcd.LeaseNotFound:  # the process's etcd lease ran out: this keep-alive forgets it
             self.etcd_leases.untrack(unsure)
             self.etcd_leases.keepalive(seconds, lease_id)
@@ -210,7 +191,7 @@ class EtcdStore:
             return Lease(key, self.space.epochs.token(lock.create), owner)
         if lock is None:  # not after a Txn that failed in one revision; try again
             return None
-        left = self.gw.time_to_live(lock.lease)  # -1: expired, etcd is still deleting the lock
+        left = self.gateway.time_to_live(lock.lease)  # -1: expired, etcd is still deleting the lock
         raise LeaseHeld(key, lock.value, float(max(left, 0)))
 
     def _fenced(self, lease: Lease, compare: list[Op], success: list[Op]) -> TxnResult:
@@ -222,7 +203,7 @@ class EtcdStore:
         def attempt() -> TxnResult | None:
             epochs = self.space.epochs
             guard = [etcd.created(lock, epochs.revision(lease.token)), self.space.offset_is(epochs), *compare]
-            result = self.gw.txn(guard, success, failure)
+            result = self.gateway.txn(guard, success, failure)
             return None if not result.succeeded and self.space.moved(result, epochs) else result
 
         return self._retry(f"a write of {lease.key!r}", attempt)
@@ -233,13 +214,13 @@ class EtcdStore:
         for lease in self.etcd_leases.overdue():
             lock = self.space.k("lock", lease.key)
             token = etcd.created(lock, self.space.epochs.revision(lease.token))
-            self.gw.txn([token if lease.token else etcd.holds(lock, lease.owner)], [etcd.delete(lock)])
+            self.gateway.txn([token if lease.token else etcd.holds(lock, lease.owner)], [etcd.delete(lock)])
 
     def _retry(self, what: str, attempt: Callable[[], T | None]) -> T:
         for _ in range(_ATTEMPTS):
             if (value := attempt()) is not None:
                 return value
-        raise StoreUnavailable(f"etcd at {self.gw.base_url} kept changing under {what}; try again")
+        raise StoreUnavailable(f"etcd at {self.gateway.base_url} kept changing under {what}; try again")
 
     def _stale(self, lease: Lease, what: str, failed: TxnResult) -> None:
         self.space.log([self.space.event(lease, "refused", what)])

@@ -22,19 +22,8 @@ from typing import Any
 
 from ... import codec, errors
 from ..._process import forget_in_child
-from ...lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from ...lease import Abandoned, HistoryEvent, Lease, LeaseState
 from ..capabilities import Capabilities
-from ..validation import (
-    check_abandoned,
-    check_age,
-    check_gap,
-    check_lease,
-    check_leases,
-    check_limit,
-    check_owner,
-    check_step_name,
-    check_text,
-)
 from .boundary import split_url
 from .layout import open_layout
 from .rows import history_events, lease_state, raise_stale, to_ms, who
@@ -69,9 +58,7 @@ class RedisStore:
             client.ping()
 
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
-        validate_key(key)
-        check_owner(owner)
-        ttl_ms = to_ms(validate_ttl(ttl), "ttl")
+        ttl_ms = to_ms(ttl, "ttl")
         run_text = codec.dumps_mapping(run, self.max_value_bytes) or ""  # a script argument cannot be nil
         names = self._names.names_of(key, "lease", "history")
         reply = self._script("acquire", names, [key, owner, ttl_ms, run_text])
@@ -85,8 +72,7 @@ class RedisStore:
         return Lease(key, int(reply[1]), owner, taken_over=gap is not None, expired_for=gap)
 
     def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
-        leases = check_leases(leases)
-        ttl_ms = to_ms(validate_ttl(ttl), "ttl")
+        ttl_ms = to_ms(ttl, "ttl")
         lost: list[Lease] = []
         for batch in self._layout.batches(leases, RENEW_BATCH, lambda x: x.key):
             names = [self._names.name_of(kind, x.key) for x in batch for kind in ("lease", "history")]
@@ -95,19 +81,15 @@ class RedisStore:
         return lost
 
     def complete(self, lease: Lease, result: Any) -> None:
-        check_lease(lease)
         text = codec.dumps(result, self.max_value_bytes)
         names = self._names.names_of(lease.key, "lease", "history")
         reply = self._script("complete", names, [*who(lease), text])
         raise_stale(lease, reply, "complete")
 
     def release(self, lease: Lease) -> None:
-        check_lease(lease)
         self._script("release", self._names.names_of(lease.key, "lease", "history"), who(lease))
 
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
-        check_lease(lease)
-        check_step_name(name)
         text = codec.dumps(value, self.max_value_bytes)
         keys = self._names.names_of(lease.key, "lease", "steps", "history")
         reply = self._script("save_step", keys, [*who(lease), name, text])
@@ -116,25 +98,23 @@ class RedisStore:
         raise_stale(lease, reply, f"step {name}")
 
     def steps(self, key: str) -> dict[str, Any]:
-        name = self._names.name_of("steps", validate_key(key))
+        name = self._names.name_of("steps", key)
         with self._layout.connection.io() as client:
             stored: dict[str, str] = client.hgetall(name)  # type: ignore[assignment]
         split = ((v.partition("\n"), k) for k, v in stored.items())
         return {k: codec.loads(v) for (_, _, v), k in sorted(split, key=lambda e: int(e[0][0]))}
 
     def refuse(self, lease: Lease, what: str) -> None:
-        check_lease(lease)
-        check_text(what, "what was refused")
         self._script("refuse", self._names.names_of(lease.key, "history"), [*who(lease), what])
 
     def get(self, key: str) -> LeaseState | None:
-        return next(iter(self._states([validate_key(key)])), None)
+        return next(iter(self._states([key])), None)
 
     def history(self, key: str | None = None) -> list[HistoryEvent]:
         """One key's list, or every key's (found by SCAN: no global list grows), in event order."""
         if key is None:
             return self._layout.history()
-        name = self._names.name_of("history", validate_key(key))
+        name = self._names.name_of("history", key)
         with self._layout.connection.io() as client:
             return history_events(client.lrange(name, 0, -1))  # type: ignore[arg-type]
 
@@ -142,7 +122,7 @@ class RedisStore:
         return self._states(self._layout.lease_keys())
 
     def force_release(self, key: str) -> int:
-        names = self._names.names_of(validate_key(key), "lease", "history")
+        names = self._names.names_of(key, "lease", "history")
         token = self._script("force_release", names, [key])
         if token is None:
             raise errors.InvalidArgument(f"no lease for key {key!r}")
@@ -151,15 +131,14 @@ class RedisStore:
     def prune(self, older_than: float) -> int:
         """Finished keys and the markers of earlier prunes older than ``older_than`` go; how many went (in
         what order and batches: each layout's ``prune``)."""
-        age = to_ms(check_age(older_than), "age")
+        age = to_ms(older_than, "age")
         return self._layout.prune(age, READ_BATCH)
 
     def advance(self, gap: int) -> int:
-        return self._layout.advance(check_gap(gap))
+        return self._layout.advance(gap)
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
-        limit = check_limit(limit)
-        grace_ms = to_ms(check_age(grace), "age")
+        grace_ms = to_ms(grace, "age")
         cutoff, batches = self._layout.candidates(grace_ms, READ_BATCH)
         found: list[Abandoned] = []
         for batch in batches:
@@ -171,14 +150,12 @@ class RedisStore:
         return found[:limit]
 
     def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
-        keys = self._names.names_of(check_abandoned(seen, max_recoveries, reason).key, "lease", "history")
+        keys = self._names.names_of(seen.key, "lease", "history")
         args = [seen.key, seen.token, seen.recoveries, max_recoveries, reason, seen.sent]
         attempt = self._script("recover", keys, args)
         return None if attempt is None else int(attempt)
 
     def strand(self, key: str, run: Mapping[str, Any] | None, reason: str) -> bool:
-        validate_key(key)
-        check_text(reason, "a give-up reason")
         run_text = codec.dumps_mapping(run, self.max_value_bytes) or ""  # a script argument cannot be nil
         names = self._names.names_of(key, "lease", "history")
         return bool(self._script("strand", names, [key, run_text, reason]))

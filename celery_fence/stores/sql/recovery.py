@@ -8,8 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ... import codec
-from ...lease import Abandoned, validate_key
-from ..validation import check_abandoned, check_age, check_limit, check_text
+from ...lease import Abandoned
 from .connections import Connections
 from .errors import RowLocked
 
@@ -24,7 +23,7 @@ class SQLRecovery:
         self.max_value_bytes = max_value_bytes
 
     def abandoned(self, grace: float, limit: int = 100) -> list[Abandoned]:
-        params = {"grace": check_age(grace), "limit": check_limit(limit)}
+        params = {"grace": grace, "limit": limit}
         with self.connections.one() as conn:
             rows = conn.execute(self.queries.abandoned, params).all()
         return [
@@ -33,7 +32,6 @@ class SQLRecovery:
         ]
 
     def recover(self, seen: Abandoned, max_recoveries: int, reason: str = "") -> int | None:
-        check_abandoned(seen, max_recoveries, reason)
         reason = reason or f"gave up after {max_recoveries} recoveries"
         params = {
             "key": seen.key,
@@ -50,8 +48,6 @@ class SQLRecovery:
         return 0 if row.dead is not None else int(row.recoveries) + 1
 
     def strand(self, key: str, run: Mapping[str, Any] | None, reason: str) -> bool:
-        validate_key(key)
-        check_text(reason, "a give-up reason")
         params = {"key": key, "run": codec.dumps_mapping(run, self.max_value_bytes), "reason": reason}
         try:
             with self.connections.one() as conn:

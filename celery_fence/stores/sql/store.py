@@ -17,18 +17,9 @@ from sqlalchemy import Connection
 
 from ... import codec
 from ...errors import AlreadyDone, InvalidArgument, LeaseHeld
-from ...lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
+from ...lease import Abandoned, HistoryEvent, Lease, LeaseState
 from ..capabilities import Capabilities
-from ..validation import (
-    check_age,
-    check_gap,
-    check_lease,
-    check_leases,
-    check_owner,
-    check_step_name,
-    check_text,
-    past_the_range,
-)
+from ..validation import past_the_range
 from .connections import Connections
 from .engine import SessionLimits
 from .errors import RowLocked, translate_errors
@@ -76,9 +67,6 @@ class SQLStore:
     # -- the lease operations --
 
     def acquire(self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None) -> Lease:
-        validate_key(key)
-        check_owner(owner)
-        ttl = validate_ttl(ttl)
         run_text = codec.dumps_mapping(run, self.max_value_bytes)
         params = {"key": key, "owner": owner, "ttl": ttl, "run": run_text}
         try:
@@ -101,8 +89,6 @@ class SQLStore:
         raise LeaseHeld(key, state.owner, state.expires_in)
 
     def renew(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
-        leases = check_leases(leases)
-        ttl = validate_ttl(ttl)
         if not leases:
             return []
         kept = {
@@ -117,27 +103,23 @@ class SQLStore:
         return lost
 
     def complete(self, lease: Lease, result: Any) -> None:
-        check_lease(lease)
         params = self.statements.complete_params(lease, result)
         if not self.connections.hot("complete", params):
             self.statements.refuse(lease, "complete")
 
     def release(self, lease: Lease) -> None:
-        check_lease(lease)
         self.connections.hot("release", {"key": lease.key, "token": lease.token})
 
     def begin_run(self, lease: Lease, ttl: float) -> RunTransaction:
         """Open the run's transaction: the lease row checked and locked until it commits with the
         completion (``RunTransaction.complete``) or rolls back (``close``). ``StaleToken``: not current."""
-        check_lease(lease)
         self.connections.ready()
-        return RunTransaction(self.statements, lease, validate_ttl(ttl))
+        return RunTransaction(self.statements, lease, ttl)
 
     @contextmanager
     def transaction(self, lease: Lease, step: str | None = None) -> Iterator[Connection]:
         """A transaction in which the lease row is checked and locked until commit (see the protocol): a
         :class:`RunTransaction` of one block that commits when the block ends (an atomic step's)."""
-        check_lease(lease)
         self.connections.ready()
         run_tx = RunTransaction(self.statements, lease, self.limits.idle_in_transaction, step)
         try:
@@ -148,8 +130,6 @@ class SQLStore:
             run_tx.close()  # rolls back whatever was not committed
 
     def save_step(self, lease: Lease, name: str, value: Any) -> None:
-        check_lease(lease)
-        check_step_name(name)
         params = self.statements.step_params(lease, name, value)
         with self.connections.transaction() as conn:
             current = self.statements.guard(conn, lease, "step", name)
@@ -165,27 +145,21 @@ class SQLStore:
             conn.execute(self.queries.insert_step, params)
 
     def steps(self, key: str) -> dict[str, Any]:
-        validate_key(key)
         with self.connections.one() as conn:
             return {r.name: codec.loads(r.value) for r in conn.execute(self.queries.steps, {"key": key})}
 
     def refuse(self, lease: Lease, what: str) -> None:
-        check_lease(lease)
-        check_text(what, "what was refused")
         with self.connections.one() as conn:
             conn.execute(self.queries.log, self.statements.event_params(lease, "refused", detail=what))
 
     # -- reading --
 
     def get(self, key: str) -> LeaseState | None:
-        validate_key(key)
         with self.connections.one() as conn:
             row = conn.execute(self.queries.state, {"key": key}).first()
         return None if row is None else lease_state(row)
 
     def history(self, key: str | None = None) -> list[HistoryEvent]:
-        if key is not None:
-            validate_key(key)
         query, params = (
             (self.queries.history_all, {}) if key is None else (self.queries.history, {"key": key})
         )
@@ -200,7 +174,6 @@ class SQLStore:
     # -- administration --
 
     def force_release(self, key: str) -> int:
-        validate_key(key)
         with self.connections.one() as conn:
             token = conn.execute(self.queries.force_release, {"key": key}).scalar()
         if token is None:
@@ -208,7 +181,7 @@ class SQLStore:
         return int(token)
 
     def prune(self, older_than: float) -> int:
-        age = {"age": check_age(older_than)}
+        age = {"age": older_than}
         # Steps and history go with the keys; one marker takes the history's place.
         with self.connections.transaction() as conn:
             conn.execute(self.queries.prune_markers, age)  # earlier prunes' markers past the cutoff go first
@@ -222,7 +195,6 @@ class SQLStore:
     def advance(self, gap: int) -> int:
         """One transaction that no acquire can interleave: on PostgreSQL it first takes the lock every
         ``nextval`` holds shared (see ``queries``); SQLite's transaction is ``BEGIN IMMEDIATE``."""
-        check_gap(gap)
         with self.connections.transaction() as conn:
             if self.queries.lock_counter is not None:
                 conn.execute(self.queries.lock_counter)
