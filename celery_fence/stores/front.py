@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Generic, TypeVar, cast
 
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState, validate_key, validate_ttl
-from .base import FencedConnectionStore, Store
+from .base import FencedConnectionStore, RunTransactionHandle, Store
 from .validation import (
     check_abandoned,
     check_age,
@@ -162,7 +162,7 @@ class CheckedStore:
         self.inner.insert_step(conn, lease, name, value)  # inside transaction(lease): checked there
 
     @_optional
-    def begin_run(self, lease: Lease, ttl: float) -> Any:
+    def begin_run(self, lease: Lease, ttl: float) -> RunTransactionHandle:
         check_lease(lease)
         return self.inner.begin_run(lease, validate_ttl(ttl))
 
