@@ -110,7 +110,7 @@ def test_every_call_position_and_outcome_leaves_one_effect_and_no_lost_work(
 ) -> None:
     clean = _run(app, 0, [])
     _check(store, 0, [])
-    outcomes = [Outcome.BEFORE, Outcome.LOST, Outcome.LATE]  # INTERRUPTED: tests/contract/test_every_exit.py
+    outcomes = [Outcome.BEFORE, Outcome.LOST, Outcome.LATE]  # INTERRUPTED: tests/contract/test_every_exit_in_process.py
     if isinstance(store, MemoryStore):  # its clock is the harness's: LATE moves it for everyone
         outcomes = [Outcome.BEFORE, Outcome.LOST]
     if not harness.expired_lease_survives:  # etcd: LATE expires the lease, whose next write is refused

@@ -1,6 +1,7 @@
 """The test tree keeps its shape: no module of it imports a test module or a conftest (shared support lives in
 conftest fixtures, tests/support/ or tests/servers/), and tests/contract holds test modules, its conftest and
-the harnesses the contract suite needs, nothing else (server processes are in tests/servers/).
+the harnesses the contract suite needs, nothing else (server processes are in tests/servers/). No two test
+modules share a file name, so a name found in a report, a claim or a traceback points at one file.
 
 Read from the source with ``ast``: every ``import`` and ``from ... import``, at any depth, relative ones
 resolved.
@@ -70,6 +71,16 @@ def contract_helpers(directory: Path = TESTS / "contract") -> set[str]:
     return {name for name in names if not name.startswith("test_") and name not in ("conftest", "__init__")}
 
 
+def shared_test_module_names(top: Path = ROOT) -> dict[str, list[str]]:
+    """Each test module file name used more than once under ``top``/tests (and ``top``/example_app/tests),
+    with the paths that use it."""
+    paths: dict[str, list[str]] = {}
+    for tree in (top / "tests", top / "example_app" / "tests"):
+        for path in sorted(tree.rglob("test_*.py")):
+            paths.setdefault(path.name, []).append(str(path.relative_to(top)))
+    return {name: found for name, found in paths.items() if len(found) > 1}
+
+
 def test_no_module_of_the_test_tree_imports_a_test_module_or_a_conftest() -> None:
     assert imports_of_test_modules() == []
 
@@ -91,3 +102,17 @@ def test_an_import_of_a_test_module_or_a_conftest_is_found(tmp_path: Path) -> No
 
 def test_tests_contract_holds_only_test_modules_its_conftest_and_the_contract_harnesses() -> None:
     assert contract_helpers() == set(CONTRACT_HARNESSES)
+
+
+def test_no_two_test_modules_share_a_file_name() -> None:
+    assert shared_test_module_names() == {}
+
+
+def test_two_test_modules_of_one_name_are_found(tmp_path: Path) -> None:
+    for layer in ("unit", "integration"):
+        (tmp_path / "tests" / layer).mkdir(parents=True)
+        (tmp_path / "tests" / layer / "test_events.py").write_text("")
+    (tmp_path / "tests" / "unit" / "test_other.py").write_text("")
+    assert shared_test_module_names(tmp_path) == {
+        "test_events.py": ["tests/integration/test_events.py", "tests/unit/test_events.py"]
+    }
