@@ -6,7 +6,7 @@ PYTEST = $(PY) -m pytest
 ARGS ?=
 LINT_PATHS = $(wildcard celery_fence tests example_app benchmarks)
 
-.PHONY: venv test pkg unit contract mutation mutation-clean contract-pg-ha contract-etcd-cluster contract-cluster integration chaos soak soak-sim lint type check demo bench compare flower-screenshot clean
+.PHONY: venv test pkg unit contract stores run mutation mutation-clean contract-pg-ha contract-etcd-cluster contract-cluster integration chaos soak soak-sim lint type check demo bench compare flower-screenshot clean
 
 venv: $(VENV)/.installed
 
@@ -37,22 +37,31 @@ pkg: venv
 unit: venv
 	$(PYTEST) tests/unit $(ARGS)
 
+# The store tests: the every-store contract (tests/contract), each store's own tests (tests/stores/{sql,redis,
+# etcd}) and the run-level tests on the stores (tests/run); `make stores` and `make run` run one part.
+STORE_TESTS = tests/contract tests/stores tests/run
 contract: venv
-	$(PYTEST) tests/contract $(ARGS)
+	$(PYTEST) $(STORE_TESTS) $(ARGS)
+
+stores: venv
+	$(PYTEST) tests/stores $(ARGS)
+
+run: venv
+	$(PYTEST) tests/run $(ARGS)
 
 # The contract suite on a PostgreSQL primary and standby behind a multi-host URL (harness_pgha.py); not in
 # `make test`, which would run the PostgreSQL half of the suite twice.
 contract-pg-ha: venv
-	FENCE_TEST_PG_HA=1 $(PYTEST) tests/contract -k postgresql-ha $(ARGS)
+	FENCE_TEST_PG_HA=1 $(PYTEST) $(STORE_TESTS) -k postgresql-ha $(ARGS)
 
 # The whole store contract suite on a 3-member etcd cluster (the etcd_cluster marker; make test runs only
-# the failover cases of tests/contract/test_etcd_cluster.py).
+# the failover cases of tests/stores/etcd/test_etcd_cluster.py).
 contract-etcd-cluster: venv
-	$(PYTEST) tests/contract -m etcd_cluster $(ARGS)
+	$(PYTEST) $(STORE_TESTS) -m etcd_cluster $(ARGS)
 
 # The whole contract suite on a private Redis Cluster (make test runs its representative part)
 contract-cluster: venv
-	$(PYTEST) tests/contract -m cluster_full -k redis_cluster $(ARGS)
+	$(PYTEST) $(STORE_TESTS) -m cluster_full -k redis_cluster $(ARGS)
 
 integration: venv
 	$(PYTEST) tests/integration -m "not soak" $(ARGS)

@@ -20,7 +20,7 @@ import pytest
 from tests.support.required import in_ci, require_server  # noqa: F401  (tests may import them from here)
 
 # pytest accepts it only in the top-level conftest; the second: the session's private servers
-pytest_plugins = ["pytester", "tests.servers.fixtures"]
+pytest_plugins = ["pytester", "tests.servers.fixtures", "tests.support.harness_marks"]
 
 
 def _own_databases_per_xdist_worker() -> None:

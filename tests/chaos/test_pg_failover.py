@@ -62,7 +62,8 @@ def test_the_primary_killed_and_a_synchronous_standby_promoted(cluster: Cluster)
     assert counts == Counts(), "a synchronous failover lost an acknowledged commit or reused a token"
 
 
-# The rewind as it happens is shown in `make test` by tests/contract/test_pg_primary_and_standby.py; here, soak only.
+# The rewind as it happens is shown in `make test` by tests/stores/sql/test_pg_primary_and_standby.py; here,
+# soak only.
 @pytest.mark.parametrize(
     "remedy", [pytest.param(False, marks=pytest.mark.soak), True], ids=["as-is", "advance-after-promotion"]
 )

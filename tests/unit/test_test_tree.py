@@ -1,6 +1,7 @@
 """The test tree keeps its shape: no module of it imports a test module or a conftest (shared support lives in
 conftest fixtures, tests/support/ or tests/servers/), and tests/contract holds test modules, its conftest and
-the harnesses the contract suite needs, nothing else (server processes are in tests/servers/). No two test
+the harnesses the contract suite needs, nothing else (server processes are in tests/servers/); tests/stores/*
+and tests/run hold test modules and their conftest only. No two test
 modules share a file name, so a name found in a report, a claim or a traceback points at one file.
 
 Read from the source with ``ast``: every ``import`` and ``from ... import``, at any depth, relative ones
@@ -102,6 +103,23 @@ def test_an_import_of_a_test_module_or_a_conftest_is_found(tmp_path: Path) -> No
 
 def test_tests_contract_holds_only_test_modules_its_conftest_and_the_contract_harnesses() -> None:
     assert contract_helpers() == set(CONTRACT_HARNESSES)
+
+
+def test_tests_stores_and_tests_run_hold_only_test_modules_and_their_conftest() -> None:
+    stores = TESTS / "stores"
+    folders = [
+        stores,
+        *sorted(p for p in stores.iterdir() if p.is_dir() and p.name != "__pycache__"),
+        TESTS / "run",
+    ]
+    assert [str(f.relative_to(TESTS)) for f in folders] == [
+        "stores",
+        "stores/etcd",
+        "stores/redis",
+        "stores/sql",
+        "run",
+    ]
+    assert {str(f.relative_to(TESTS)): helpers for f in folders if (helpers := contract_helpers(f))} == {}
 
 
 def test_no_two_test_modules_share_a_file_name() -> None:

@@ -16,10 +16,9 @@ from celery_fence import ConfigurationError, StaleToken, StoreUnavailable
 from celery_fence.stores import store_class
 from celery_fence.stores.etcd import EtcdStore
 from celery_fence.testing import StoreProxy, wait_for
-
-from ..servers.etcd import open_store_at
-from ..servers.etcd_cluster import EtcdCluster, private_cluster
-from ..servers.scripted_http import ScriptedServer
+from tests.servers.etcd import open_store_at
+from tests.servers.etcd_cluster import EtcdCluster, private_cluster
+from tests.servers.scripted_http import ScriptedServer
 
 TTL = 30.0
 

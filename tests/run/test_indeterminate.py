@@ -29,9 +29,8 @@ from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome
 from celery_fence.verify import verify_store
 from celery_fence.worker.bootstep import settle_owed_records
-
-from ..support.inprocess import memory_app, running_worker
-from .harness import HARNESSES, Harness, harness_params
+from tests.contract.harness import HARNESSES, Harness, harness_params
+from tests.support.inprocess import memory_app, running_worker
 
 STORES = ("memory", "sqlite", "postgresql", "redis", "redis_cluster", "etcd_cluster")  # etcd_cluster: marked
 EFFECTS = "fence_test_effects"
@@ -110,7 +109,7 @@ def test_every_call_position_and_outcome_leaves_one_effect_and_no_lost_work(
 ) -> None:
     clean = _run(app, 0, [])
     _check(store, 0, [])
-    outcomes = [Outcome.BEFORE, Outcome.LOST, Outcome.LATE]  # INTERRUPTED: tests/contract/test_every_exit_in_process.py
+    outcomes = [Outcome.BEFORE, Outcome.LOST, Outcome.LATE]  # INTERRUPTED: test_every_exit_in_process.py
     if isinstance(store, MemoryStore):  # its clock is the harness's: LATE moves it for everyone
         outcomes = [Outcome.BEFORE, Outcome.LOST]
     if not harness.expired_lease_survives:  # etcd: LATE expires the lease, whose next write is refused

@@ -19,9 +19,8 @@ from celery_fence._runtime import runtime_for
 from celery_fence.renewer import Renewer
 from celery_fence.signals import lease_duplicate, lease_lost
 from celery_fence.testing import wait_for
-
-from ..support.inprocess import Gates, memory_app, running_worker
-from .harness import HARNESSES, Harness
+from tests.contract.harness import HARNESSES, Harness
+from tests.support.inprocess import Gates, memory_app, running_worker
 
 TTL = 30.0
 

@@ -21,9 +21,8 @@ from celery_fence import FencedTask, LeaseHeld
 from celery_fence._runtime import runtime_for
 from celery_fence.renewer import Renewer
 from celery_fence.testing import wait_for
-
-from ..support.inprocess import memory_app, running_worker
-from .harness import HARNESSES, Harness
+from tests.contract.harness import HARNESSES, Harness
+from tests.support.inprocess import memory_app, running_worker
 
 TTL = 30.0
 

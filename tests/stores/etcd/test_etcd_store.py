@@ -33,10 +33,9 @@ from celery_fence.stores.etcd.gateway import put
 from celery_fence.stores.etcd.http import EtcdConnection
 from celery_fence.stores.etcd.leases import lease_seconds
 from celery_fence.testing import free_port
-
-from ..servers.etcd import EtcdServer
-from .harness import HARNESSES  # first: harness.py imports harness_etcd itself
-from .harness_etcd import shared_server
+from tests.contract.harness import HARNESSES  # first: harness.py imports harness_etcd itself
+from tests.contract.harness_etcd import shared_server
+from tests.servers.etcd import EtcdServer
 
 TTL = 30.0
 

@@ -18,8 +18,7 @@ from celery_fence.stores.sql import SQLStore
 from celery_fence.stores.sql.engine import SessionLimits
 from celery_fence.stores.waits import lock_wait
 from celery_fence.testing import wait_for
-
-from ..servers.sqlite_holder import holding_write_lock
+from tests.servers.sqlite_holder import holding_write_lock
 
 CAUSE = "the SQLite database is locked by another process's open transaction (a stopped or slow worker?)"
 LONG_BUSY = SessionLimits(lock=60.0)  # a store that would wait a minute for the lock on its own

@@ -16,8 +16,7 @@ from sqlalchemy import text
 from celery_fence import ConfigurationError, StoreUnavailable, open_store
 from celery_fence.stores.sql import SQLStore
 from celery_fence.stores.urls import mask_url
-
-from ..servers.pg_pair import PostgresPair, multi_host_url, postgres_pair
+from tests.servers.pg_pair import PostgresPair, multi_host_url, postgres_pair
 
 TWO = "postgresql+psycopg://app:s3cret@/shop?host=10.0.0.1:5432&host=10.0.0.2:5433"
 

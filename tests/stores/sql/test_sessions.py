@@ -8,8 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from celery_fence.stores.sql import SQLStore
-
-from .harness import HARNESSES
+from tests.contract.harness import HARNESSES
 
 TTL = 30.0
 

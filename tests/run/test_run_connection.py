@@ -13,8 +13,7 @@ from sqlalchemy import text
 from celery_fence import LeaseHeld, StoreUnavailable, UsageError
 from celery_fence.fence import Fence
 from celery_fence.testing import wait_for
-
-from .harness import HARNESSES, Harness
+from tests.contract.harness import HARNESSES, Harness
 
 
 @pytest.fixture(params=("sqlite", "postgresql"))

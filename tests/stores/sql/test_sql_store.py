@@ -26,10 +26,9 @@ from celery_fence.fence import Fence
 from celery_fence.stores.sql import SQLStore
 from celery_fence.stores.sql.engine import SessionLimits
 from celery_fence.testing import wait_for
-
-from ..support.racing import race
-from ..support.reconnect import OPERATIONS, run_and_check
-from .harness import HARNESSES
+from tests.contract.harness import HARNESSES
+from tests.support.racing import race
+from tests.support.reconnect import OPERATIONS, run_and_check
 
 TTL = 30.0
 

@@ -21,9 +21,8 @@ from celery_fence.recovery import recover_abandoned
 from celery_fence.signals import lease_duplicate
 from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome, wait_for
-
-from ..support.inprocess import memory_app, running_worker
-from .harness import HARNESSES, Harness, harness_params
+from tests.contract.harness import HARNESSES, Harness, harness_params
+from tests.support.inprocess import memory_app, running_worker
 
 STORES = ("memory", "sqlite", "postgresql")
 EFFECTS = "fence_test_exit_effects"

@@ -25,16 +25,15 @@ from celery_fence import FencedTask, LeaseHeld
 from celery_fence._runtime import runtime_for
 from celery_fence.signals import lease_duplicate
 from celery_fence.testing import wait_for
-
-from ..support.inprocess import Gates, memory_app, running_worker
-from .harness import Harness
+from tests.contract.harness import Harness
+from tests.support.inprocess import Gates, memory_app, running_worker
 
 STORES = ("memory", "sqlite", "postgresql", "redis")
 
 
 @pytest.fixture(params=STORES)
 def harness(request: pytest.FixtureRequest) -> Harness:
-    from .harness import HARNESSES
+    from tests.contract.harness import HARNESSES
 
     return HARNESSES[request.param]
 

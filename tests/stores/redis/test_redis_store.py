@@ -38,11 +38,10 @@ from celery_fence.lease import Lease, LeaseState, new_owner
 from celery_fence.stores.redis import RedisStore
 from celery_fence.stores.redis import store as redis_store
 from celery_fence.testing import free_port
-
-from ..servers.redis import RedisServer, drop_prefix
-from ..support.reconnect import OPERATIONS, run_and_check
-from .harness import HARNESSES  # first: harness imports harness_redis (a spawned child starts here)
-from .harness_redis import shared_server
+from tests.contract.harness import HARNESSES  # first: it imports harness_redis (a spawned child starts here)
+from tests.contract.harness_redis import shared_server
+from tests.servers.redis import RedisServer, drop_prefix
+from tests.support.reconnect import OPERATIONS, run_and_check
 
 TTL = 30.0
 

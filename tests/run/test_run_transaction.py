@@ -20,15 +20,14 @@ from celery_fence._runtime import runtime_for
 from celery_fence.fence import Fence
 from celery_fence.lease import LeasePolicy
 from celery_fence.renewer import Renewer
-
-from .harness import Harness
+from tests.contract.harness import Harness
 
 EFFECTS = "fence_test_tx_effects"
 
 
 @pytest.fixture(params=("sqlite", "postgresql"))
 def harness(request: pytest.FixtureRequest) -> Harness:
-    from .harness import HARNESSES
+    from tests.contract.harness import HARNESSES
 
     return HARNESSES[request.param]
 
