@@ -28,6 +28,20 @@ CONTRACT_HARNESSES = {
     "run_only": "the run-role-only store's harness (test_store_contract.py)",
 }
 
+# What each folder of tests/ may import from the other folders (docs/architecture.md, "The test tree").
+MAY_IMPORT = {
+    "support": {"contract"},
+    "servers": {"support"},
+    "unit": {"contract"},
+    "contract": {"servers", "support"},
+    "stores": {"contract", "servers", "support"},
+    "run": {"contract", "support"},
+    "integration": {"contract", "servers", "support"},
+    "chaos": {"integration", "servers"},
+    "simulation": {"contract"},
+    "mutation": set(),
+}
+
 
 def _name(path: Path, top: Path) -> str:
     parts = list(path.relative_to(top).with_suffix("").parts)
@@ -62,6 +76,20 @@ def imports_of_test_modules(top: Path = ROOT) -> list[str]:
     for path in sorted((top / "tests").rglob("*.py")):
         for target, line in imported_modules(path, top):
             if is_test_or_conftest(target) and (top / (target.replace(".", "/") + ".py")).exists():
+                found.append(f"{path.relative_to(top)}:{line} -> {target}")
+    return found
+
+
+def imports_across_folders(top: Path = ROOT) -> list[str]:
+    """``file:line -> module`` for each import of another folder of ``top``/tests that ``MAY_IMPORT`` does
+    not allow (a folder missing from it may import none)."""
+    found = []
+    for path in sorted((top / "tests").glob("*/**/*.py")):
+        folder = path.relative_to(top / "tests").parts[0]
+        for target, line in imported_modules(path, top):
+            parts = target.split(".")
+            other = parts[1] if len(parts) > 1 and parts[0] == "tests" else None
+            if other not in (None, folder) and other not in MAY_IMPORT.get(folder, set()):
                 found.append(f"{path.relative_to(top)}:{line} -> {target}")
     return found
 
@@ -120,6 +148,24 @@ def test_tests_stores_and_tests_run_hold_only_test_modules_and_their_conftest() 
         "run",
     ]
     assert {str(f.relative_to(TESTS)): helpers for f in folders if (helpers := contract_helpers(f))} == {}
+
+
+def test_each_folder_imports_only_the_folders_the_architecture_page_allows() -> None:
+    assert imports_across_folders() == []
+
+
+def test_an_import_of_a_folder_not_allowed_is_found(tmp_path: Path) -> None:
+    for folder in ("run", "servers", "integration"):
+        (tmp_path / "tests" / folder).mkdir(parents=True)
+    (tmp_path / "tests" / "run" / "test_a.py").write_text(
+        "from tests.servers import redis\nfrom ..integration import world\nfrom tests.support import racing\n"
+    )
+    assert imports_across_folders(tmp_path) == [
+        "tests/run/test_a.py:1 -> tests.servers",
+        "tests/run/test_a.py:1 -> tests.servers.redis",
+        "tests/run/test_a.py:2 -> tests.integration",
+        "tests/run/test_a.py:2 -> tests.integration.world",
+    ]
 
 
 def test_no_two_test_modules_share_a_file_name() -> None:
