@@ -24,7 +24,7 @@ from typing import Any
 from ._headers import AWAITED, LOOKS, RECOVERED, RESENDS, WAITS
 from .config import FenceConfig
 
-__all__ = ["absorbed_because", "final_fields", "send_fence_event"]
+__all__ = ["final_fields", "send_fence_event"]
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +42,6 @@ def send_fence_event(config: FenceConfig, task: Any, request: Any, kind: str, **
             dispatcher.send(f"task-fence-{kind}", uuid=request.id, retry=False, retry_policy=policy, **fields)
     except Exception as exc:  # the broker may be down; the task's outcome must not depend on it
         log.warning("could not send task-fence-%s for %s: %s", kind, request.id, exc)
-
-
-def absorbed_because(reason: str, token: int, detail: str | None = None) -> str:
-    """What the log says of an absorbed delivery: the reason word (``done``, ``held``, ``ended``), then what
-    happened in words. A token is named only when the key has one to name: an absorbed delivery that never
-    acquired has none (it was reported as 0)."""
-    if reason == "done":
-        return f"done (the key finished with token {token})" if token else "done (the key is finished)"
-    if reason == "ended":
-        return "ended (this task id already ended: this late copy does not run)"
-    if detail and detail != reason:  # fence_on_busy="ignore": who holds the key
-        return f"{reason} ({detail}; fence_on_busy='ignore')"
-    return f"{reason} (a copy of this task id holds the key: this delivery looks at it again later)"
 
 
 def final_fields(kind: str, headers: Mapping[str, Any], fields: dict[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from celery.signals import celeryd_after_setup, celeryd_init, worker_process_shu
 
 from . import _headers
 from ._ending import Ending, Kind
-from ._events import absorbed_because, send_fence_event
+from ._events import send_fence_event
 from ._runinfo import run_info
 from ._runtime import FenceRuntime, runtime_for
 from .errors import FenceError
@@ -184,7 +184,7 @@ class _Host:
         elif what == "duplicate":
             reason = fields["reason"]
             detail = fields.get("detail", reason)
-            why = absorbed_because(reason, token, detail)
+            why = _absorbed_because(reason, token, detail)
             log.info("fence: duplicate delivery of %s absorbed: %s", key, why)
             self._event("duplicate", key=key, token=token, reason=detail)
             lease_duplicate.send(sender=task, reason=reason, **run)
@@ -194,6 +194,19 @@ class _Host:
 
     def _event(self, kind: str, **fields: Any) -> None:
         send_fence_event(self.runtime.config, self.task, self.request, kind, **fields)
+
+
+def _absorbed_because(reason: str, token: int, detail: str | None = None) -> str:
+    """What the log says of an absorbed delivery: the reason word (``done``, ``held``, ``ended``), then what
+    happened in words. A token is named only when the key has one to name: an absorbed delivery that never
+    acquired has none (it was reported as 0)."""
+    if reason == "done":
+        return f"done (the key finished with token {token})" if token else "done (the key is finished)"
+    if reason == "ended":
+        return "ended (this task id already ended: this late copy does not run)"
+    if detail and detail != reason:  # fence_on_busy="ignore": who holds the key
+        return f"{reason} ({detail}; fence_on_busy='ignore')"
+    return f"{reason} (a copy of this task id holds the key: this delivery looks at it again later)"
 
 
 def _perform(task: FencedTask, request: Any, runtime: FenceRuntime, ending: Ending) -> Any:
