@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar, cast
 
 from . import codec
-from .errors import ConfigurationError, LeaseLost, StoreUnavailable
+from .errors import ConfigurationError, LeaseLost, StoreUnavailable, UsageError
 from .lease import Lease
 from .stores.base import FencedConnectionStore, RunTransactionHandle, Store
 from .stores.capabilities import capabilities_of
@@ -99,6 +99,21 @@ class Fence:
         """
         with self._open_run_transaction().block() as conn:
             yield conn
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """Django's ``transaction.atomic()`` for the run (a ``django://`` store): the ORM writes inside it
+        commit **together with the run's completion**, as ``transaction()``'s do, and ``on_commit``
+        callbacks run after that commit, never for a run that did not commit. A nested
+        ``transaction.atomic()`` is a savepoint; ``transaction.commit()`` inside it Django refuses
+        (docs/django.md)."""
+        if capabilities_of(self.store).django_alias is None:
+            raise UsageError(
+                f"self.fence.atomic() needs the Django store (fence_store_url = 'django://default'), not "
+                f"{self.store.url.split('://')[0]}://; with another SQL store use self.fence.transaction()"
+            )
+        with self._open_run_transaction().block():
+            yield
 
     @property
     def joined(self) -> bool:
