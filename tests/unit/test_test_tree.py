@@ -39,6 +39,7 @@ MAY_IMPORT = {
     "integration": {"contract", "servers", "support"},
     "chaos": {"integration", "servers"},
     "simulation": {"contract"},
+    "django": {"support"},
     "mutation": set(),
 }
 
