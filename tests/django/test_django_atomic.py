@@ -170,6 +170,24 @@ def test_a_paused_holders_orm_writes_roll_back_when_its_lease_is_taken_over(migr
     store.close()
 
 
+@pytest.mark.postgres
+def test_a_session_timeout_in_an_orm_statement_is_the_store_unavailable(migrated_postgres: str) -> None:
+    """What waiting can heal (here the session's statement_timeout) in the run's ORM statements is
+    ``StoreUnavailable``, as in ``transaction()``: nothing committed, and the run runs again."""
+    alias, key = migrated_postgres, new_key()
+    store = open_store(f"django://{alias}")
+    fence = Fence(store, store.acquire(key, "w", 30.0), None, 30.0)
+    with pytest.raises(StoreUnavailable, match="nothing of it was committed"), fence.atomic():
+        Order.objects.using(alias).create(key=key, what="slow")
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SET LOCAL statement_timeout = 50")
+            cursor.execute("SELECT pg_sleep(5)")
+    fence.abort()
+    assert orders(alias, key) == [] and events(store, key) == ["acquire"]
+    assert not connections[alias].in_atomic_block
+    store.close()
+
+
 def test_on_commit_runs_once_after_the_completion_and_never_for_a_run_that_rolled_back(
     app: Celery, store: Any, alias: str
 ) -> None:

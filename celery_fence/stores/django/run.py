@@ -25,7 +25,13 @@ from sqlalchemy import Connection
 from ..._failpoints import failpoint
 from ...errors import FenceError, StaleToken, StoreUnavailable, UsageError
 from ...lease import Lease
-from ..sql.errors import driver_error, translate_errors, user_statement_errors
+from ..sql.errors import (  # the SQL store's boundary, and what of it a caller's statement may meet
+    _TRANSIENT_IN_TRANSACTION,
+    driver_error,
+    safe_url,
+    translate_errors,
+    user_statement_errors,
+)
 from ..sql.run import RunTransaction, _refuse_hand_made  # the same refusal, its message naming the fix
 from ..sql.statements import LeaseStatements
 from .borrowed import BorrowedConnection
@@ -61,7 +67,7 @@ class DjangoRunTransaction(RunTransaction):
         self._blocks += 1
         if self._blocks == 1:  # the run's transaction itself: a failure undoes it whole (nothing else in it)
             try:
-                with user_statement_errors(self.statements.url):
+                with self._callers_statements():
                     yield conn
             except BaseException:
                 self.close()
@@ -71,7 +77,7 @@ class DjangoRunTransaction(RunTransaction):
         with _django_errors(self.statements.url):
             savepoint.__enter__()
         try:
-            with user_statement_errors(self.statements.url):
+            with self._callers_statements():
                 yield conn
         except BaseException as exc:
             savepoint.__exit__(type(exc), exc, exc.__traceback__)  # Django marks the run doomed if it cannot
@@ -118,6 +124,27 @@ class DjangoRunTransaction(RunTransaction):
                 outer.__exit__(_RolledBack, _RolledBack(), None)
 
     # -- internals --
+
+    @contextmanager
+    def _callers_statements(self) -> Iterator[None]:
+        """Around the caller's statements, SQLAlchemy's and the ORM's: their errors stay theirs, except
+        what waiting can heal (a session timeout, a deadlock, a lost connection): ``StoreUnavailable``, as
+        ``user_statement_errors`` says of SQLAlchemy's."""
+        url = self.statements.url
+        try:
+            with user_statement_errors(url):
+                yield
+        except DjangoDatabaseError as exc:
+            orig = exc.__cause__
+            driver = connections[self.alias].connection
+            lost = driver is None or any(getattr(driver, flag, False) for flag in ("broken", "closed"))
+            if not lost and getattr(orig, "sqlstate", None) not in _TRANSIENT_IN_TRANSACTION:
+                raise
+            first = str(orig).splitlines()[0] if str(orig) else type(orig).__name__
+            raise StoreUnavailable(
+                f"fence store {safe_url(url)}: the run's transaction failed ({first}); nothing of it was "
+                "committed, the run will run again"
+            ) from exc
 
     def _begin(self, ttl: float, step: str | None) -> Connection | None:
         statements = self.statements
