@@ -3,9 +3,10 @@
 celery-fence app and the tests' ``orders`` app; a Celery app whose fenced tasks run in process on the
 ``django://<alias>`` store.
 
-Django's settings are configured when this module is imported (``settings.configure``), not through
-``DJANGO_SETTINGS_MODULE``: a worker process the other tests start never sees Django (Celery installs its
-Django fix-up when that variable is set).
+Django's settings (tests/django/settings.py) are configured when this module is imported
+(``settings.configure``), not through ``DJANGO_SETTINGS_MODULE``: a worker process the other tests start
+never sees Django (Celery installs its Django fix-up when that variable is set); the real workers of
+tests/django are given it.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,36 +28,14 @@ from django.db import connections
 from celery_fence._runtime import runtime_for
 from celery_fence.renewer import Renewer
 from celery_fence.stores import open_store
+from tests.django import settings as test_settings
 from tests.support.required import require_server
 
-_PG = urlsplit(os.environ.get("FENCE_TEST_PG_URL") or "postgresql://postgres@127.0.0.1:5432/postgres")
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-PG_DATABASE = "celery_fence_django_test" + (f"_{_WORKER}" if _WORKER else "")
-SQLITE_DIR = Path(tempfile.mkdtemp(prefix="celery-fence-django-"))
-
 if not settings.configured:
-    settings.configure(
-        INSTALLED_APPS=["celery_fence.contrib.django", "tests.django.orders"],
-        DATABASES={
-            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(SQLITE_DIR / "django.db")},
-            "pg": {
-                "ENGINE": "django.db.backends.postgresql",
-                "NAME": PG_DATABASE,
-                "USER": _PG.username or "postgres",
-                "PASSWORD": _PG.password or "",
-                "HOST": _PG.hostname or "127.0.0.1",
-                "PORT": str(_PG.port or 5432),
-            },
-        },
-        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
-        USE_TZ=True,
-        # What a Django project's settings.py holds for Celery: read by app.config_from_object(...,
-        # namespace="CELERY"); the misspelt one is for the start-up check's "did you mean".
-        CELERY_FENCE_STORE_URL="django://default",
-        CELERY_FENCE_LEASE_TTL=60,
-        CELERY_FENCE_LEASE_TTLL=61,
-    )
+    settings.configure(**{key: getattr(test_settings, key) for key in dir(test_settings) if key.isupper()})
     django.setup()
+PG_DATABASE, SQLITE_DIR = test_settings.PG_DATABASE, test_settings.SQLITE_DIR
+_PG = urlsplit(os.environ.get("FENCE_TEST_PG_URL") or "postgresql://postgres@127.0.0.1:5432/postgres")
 
 ALIASES = {"sqlite": "default", "postgresql": "pg"}
 
@@ -72,10 +49,13 @@ def _server_admin() -> Any:
 
 @pytest.fixture(scope="session")
 def migrated_sqlite() -> Iterator[str]:
+    SQLITE_DIR.mkdir(parents=True, exist_ok=True)
     call_command("migrate", database="default", run_syncdb=True, verbosity=0)
     yield "default"
     connections["default"].close()
     shutil.rmtree(SQLITE_DIR, ignore_errors=True)
+    with contextlib.suppress(OSError):  # the last pytest-xdist worker to finish removes the folder
+        SQLITE_DIR.parent.rmdir()
 
 
 @pytest.fixture(scope="session")
