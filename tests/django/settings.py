@@ -19,7 +19,30 @@ if "FENCE_DJANGO_SQLITE_DIR" not in os.environ:
 SQLITE_DIR = Path(os.environ["FENCE_DJANGO_SQLITE_DIR"]) / (_XDIST or "main")  # made by the tests' fixture
 
 SECRET_KEY = "tests-only"
-INSTALLED_APPS = ["celery_fence.contrib.django", "tests.django.orders"]
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "celery_fence.contrib.django",
+    "tests.django.orders",
+]
+ROOT_URLCONF = "tests.django.urls"
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
 DATABASES = {
     "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(SQLITE_DIR / "django.db")},
     "pg": {

@@ -31,7 +31,14 @@ from ..sql.url import check_sql_store_url
 from .borrowed import BorrowedConnection
 from .run import DjangoRunTransaction
 
-__all__ = ["DjangoStore", "check_django_store_url", "database_url", "django_capabilities", "settings_url"]
+__all__ = [
+    "DjangoStore",
+    "check_django_store_url",
+    "database_clock",
+    "database_url",
+    "django_capabilities",
+    "settings_url",
+]
 
 # The libpq parameters of a PostgreSQL database's OPTIONS that the store's engines pass on as well.
 _LIBPQ_OPTIONS = (
@@ -97,6 +104,22 @@ def settings_url(alias: str, settings: dict[str, Any]) -> str:
         f"django://{alias} is a {engine or 'database without an ENGINE'}: the fence store runs on "
         "django.db.backends.postgresql (with psycopg 3) or django.db.backends.sqlite3"
     )
+
+
+# Now by the database's clock, the clock every expiry is judged by (stores.sql.queries), epoch seconds.
+_NOW = {
+    "postgresql": "SELECT extract(epoch from clock_timestamp())",
+    "sqlite": "SELECT (julianday('now') - 2440587.5) * 86400.0",
+}
+
+
+def database_clock(alias: str) -> float:
+    """Now by the clock of Django's ``alias`` database, which judges the expiry of its leases (the admin
+    pages show an expiry by it, not by the web server's clock)."""
+    django = connections[alias]
+    with django.cursor() as cursor:
+        cursor.execute(_NOW[django.vendor])
+        return float(cursor.fetchone()[0])
 
 
 def check_django_store_url(url: str) -> None:
