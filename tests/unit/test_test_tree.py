@@ -39,7 +39,7 @@ MAY_IMPORT = {
     "integration": {"contract", "servers", "support"},
     "chaos": {"integration", "servers"},
     "simulation": {"contract"},
-    "django": {"support"},
+    "django_app": {"support"},
     "mutation": set(),
 }
 

@@ -1,4 +1,4 @@
-"""An order, written by the fenced tasks of tests/django through the ORM."""
+"""An order, written by the fenced tasks of tests/django_app through the ORM."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
-"""Django configured for tests/django: two databases, SQLite (``default``, a file) and PostgreSQL
+"""Django configured for tests/django_app: two databases, SQLite (``default``, a file) and PostgreSQL
 (``pg``, a database of its own, created here and dropped at the end), each migrated with the
 celery-fence app and the tests' ``orders`` app; a Celery app whose fenced tasks run in process on the
 ``django://<alias>`` store.
 
-Django's settings (tests/django/settings.py) are configured when this module is imported
+Django's settings (tests/django_app/settings.py) are configured when this module is imported
 (``settings.configure``), not through ``DJANGO_SETTINGS_MODULE``: a worker process the other tests start
 never sees Django (Celery installs its Django fix-up when that variable is set); the real workers of
-tests/django are given it.
+tests/django_app are given it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from django.db import connections
 from celery_fence._runtime import runtime_for
 from celery_fence.renewer import Renewer
 from celery_fence.stores import open_store
-from tests.django import settings as test_settings
+from tests.django_app import settings as test_settings
 from tests.support.required import require_server
 
 if not settings.configured:

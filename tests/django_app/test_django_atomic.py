@@ -20,7 +20,7 @@ from celery_fence import FencedTask, LeaseHeld, StaleToken, StoreUnavailable, Us
 from celery_fence.fence import Fence
 from celery_fence.stores import open_store
 from celery_fence.stores.django import run as django_run
-from tests.django.orders.models import Order
+from tests.django_app.orders.models import Order
 
 
 def new_key() -> str:

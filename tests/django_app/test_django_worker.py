@@ -1,4 +1,4 @@
-"""Real ``celery worker`` processes (prefork) of a Django project (tests/django/proj.py): a worker killed
+"""Real ``celery worker`` processes (prefork) of a Django project (tests/django_app/proj.py): a worker killed
 between its ORM write in ``self.fence.atomic()`` and its completion leaves no write; the broker's second
 delivery writes once. On SQLite and PostgreSQL, with Redis as the broker."""
 
@@ -14,7 +14,7 @@ import pytest
 from celery import Celery
 
 from celery_fence.testing import wait_for
-from tests.django.orders.models import Order
+from tests.django_app.orders.models import Order
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis]
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,13 +35,13 @@ def test_a_worker_killed_between_its_orm_write_and_its_completion_leaves_no_writ
 ) -> None:
     queue = f"django-{uuid.uuid4().hex[:8]}"  # other test runs may share the broker
     env = {
-        "DJANGO_SETTINGS_MODULE": "tests.django.settings",
+        "DJANGO_SETTINGS_MODULE": "tests.django_app.settings",
         "FENCE_DJANGO_STORE": f"django://{alias}",
         "FENCE_DJANGO_BROKER": sender.conf.broker_url,
         "FENCE_DJANGO_BACKEND": sender.conf.result_backend,
         "FENCE_DJANGO_MARKS": str(fence_workdir),
     }
-    fence_worker("tests.django.proj", name="django", queues=queue, pool="prefork", env=env, cwd=ROOT)
+    fence_worker("tests.django_app.proj", name="django", queues=queue, pool="prefork", env=env, cwd=ROOT)
     order = uuid.uuid4().hex[:12]
     result = sender.send_task("django_proj.pay", args=(order, alias, 60.0), queue=queue)
 

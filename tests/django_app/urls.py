@@ -1,4 +1,4 @@
-"""The URLs of tests/django's settings: Django's admin, with celery-fence's pages in it."""
+"""The URLs of tests/django_app's settings: Django's admin, with celery-fence's pages in it."""
 
 from __future__ import annotations
 

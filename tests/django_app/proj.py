@@ -1,5 +1,5 @@
-"""The Celery app of tests/django's real workers, set up as Celery's "First steps with Django" says:
-``DJANGO_SETTINGS_MODULE`` (tests/django/settings.py), ``config_from_object("django.conf:settings",
+"""The Celery app of tests/django_app's real workers, set up as Celery's "First steps with Django" says:
+``DJANGO_SETTINGS_MODULE`` (tests/django_app/settings.py), ``config_from_object("django.conf:settings",
 namespace="CELERY")``. Its task writes an order with the ORM in ``self.fence.atomic()``, leaves a mark
 file per attempt, and pauses in its first attempt, for the test to kill the worker there."""
 
@@ -15,7 +15,7 @@ from celery import Celery
 
 from celery_fence import FencedTask
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.django.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.django_app.settings")
 django.setup()
 app = Celery("django_proj")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -26,7 +26,7 @@ MARKS = Path(os.environ.get("FENCE_DJANGO_MARKS", "."))
 
 @app.task(base=FencedTask, bind=True, name="django_proj.pay", fence_key="order:{order}")
 def pay(self: Any, order: str, alias: str, pause: float) -> dict[str, Any]:
-    from tests.django.orders.models import Order  # after django.setup(), as a tasks module of an app is
+    from tests.django_app.orders.models import Order  # after django.setup(), as a tasks module of an app is
 
     with self.fence.atomic():
         Order.objects.using(alias).create(key=self.fence.key, what=f"{os.getpid()}:{self.fence.token}")

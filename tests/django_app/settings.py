@@ -1,4 +1,4 @@
-"""The Django settings of tests/django, for this process (``conftest.py`` hands them to
+"""The Django settings of tests/django_app, for this process (``conftest.py`` hands them to
 ``settings.configure``) and for the real workers it starts (``DJANGO_SETTINGS_MODULE``): the same two
 databases, named by the environment ``conftest.py`` sets, which the workers inherit."""
 
@@ -26,9 +26,9 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "celery_fence.contrib.django",
-    "tests.django.orders",
+    "tests.django_app.orders",
 ]
-ROOT_URLCONF = "tests.django.urls"
+ROOT_URLCONF = "tests.django_app.urls"
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
