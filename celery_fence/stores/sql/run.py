@@ -144,7 +144,8 @@ class RunTransaction:
         """Roll back the failed block: to its savepoint, or (the first block) the whole transaction."""
         if savepoint is not None and self.conn is not None and not self.conn.invalidated:
             try:
-                savepoint.rollback()
+                if savepoint.is_active:  # else an ORM session's failed flush already rolled it back
+                    savepoint.rollback()
                 return
             except DBAPIError:
                 pass
