@@ -5,7 +5,6 @@ refused."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from celery_fence._runtime import runtime_for
 from celery_fence.fence import Fence
 from celery_fence.renewer import Renewer
 from tests.contract.harness import HARNESSES, Harness
+from tests.support.forked import exit_code_of
 
 
 class Base(DeclarativeBase):
@@ -155,16 +155,9 @@ def _attempt(url: str, die: bool) -> None:
 def test_a_worker_killed_between_its_orm_write_and_its_completion_leaves_no_write(
     store: Any, harness: Harness, orders: None
 ) -> None:
-    ctx = multiprocessing.get_context("fork")
-    killed = ctx.Process(target=_attempt, args=(store.url, True))
-    killed.start()
-    killed.join(60)
-    assert killed.exitcode == -signal.SIGKILL
+    assert exit_code_of(_attempt, store.url, True) == -signal.SIGKILL
     assert stored(store) == {}
     harness.expire_all(store)  # its lease expires; the next attempt takes over
-    again = ctx.Process(target=_attempt, args=(store.url, False))
-    again.start()
-    again.join(60)
-    assert again.exitcode == 0
+    assert exit_code_of(_attempt, store.url, False) == 0
     token = store.get("order:9").token
     assert stored(store) == {"order:9": f"paid by {token}"} and store.get("order:9").done
