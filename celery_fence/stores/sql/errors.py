@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError, StatementError
 
 from ...errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable, TokenRewound
+from ..base import out_of_tokens
 from ..urls import mask_url
-from ..validation import out_of_tokens
 from .lock import is_locked, locked_message
 from .schema import RANGE_EXHAUSTED
 

@@ -18,8 +18,8 @@ from sqlalchemy import Connection
 from ... import codec
 from ...errors import AlreadyDone, InvalidArgument, LeaseHeld
 from ...lease import Abandoned, HistoryEvent, Lease, LeaseState
+from ..base import past_the_range
 from ..capabilities import Capabilities
-from ..validation import past_the_range
 from .connections import Connections
 from .engine import SessionLimits
 from .errors import RowLocked, translate_errors
