@@ -9,10 +9,10 @@ bound the wait of their own statements with :func:`lock_wait`:
   that can no longer land in time gives up and is retried, instead of returning after the deadline;
 - the admin commands and the worker's recovery pass, by :data:`ADMIN_LOCK_WAIT`.
 
-A store that waits for locks honours the bound (never waiting longer than its own limit) and raises
-``StoreUnavailable`` past it: transient, nothing was written. A store that does not wait for locks
-(memory, Redis, etcd) ignores it. The bound belongs to the current thread (a ``ContextVar``), so a
-renewer's bound never shortens another thread's statements.
+A store that waits for locks reads the bound (:data:`LOCK_WAIT`) before each statement, honours it (never
+waiting longer than its own limit) and raises ``StoreUnavailable`` past it: transient, nothing was written.
+A store that does not wait for locks (memory, Redis, etcd) ignores it. The bound belongs to the current
+thread (a ``ContextVar``), so a renewer's bound never shortens another thread's statements.
 """
 
 from __future__ import annotations
