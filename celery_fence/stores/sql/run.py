@@ -23,7 +23,8 @@ from sqlalchemy.exc import DBAPIError
 from ..._failpoints import failpoint
 from ...errors import StaleToken, StoreUnavailable, UsageError
 from ...lease import Lease
-from .errors import translate_errors, user_statement_errors
+from .driver import translate_errors
+from .errors import user_statement_errors
 from .statements import LeaseStatements
 
 __all__ = ["RunTransaction"]
