@@ -22,8 +22,8 @@ from sqlalchemy import text
 from celery_fence import LeaseHeld, StaleToken, StoreUnavailable, open_store
 from celery_fence.testing.contract.checks import TTL, audits
 
+from ..support.harnesses import harness_params
 from ..support.racing import in_processes
-from .harness import harness_params
 
 RACE_TTL = 0.2  # the issue's: short enough that some acquisitions meet their own expired lease
 PROCESSES, WINS = 8, 50  # each process acquires the key WINS times, always under one owner string

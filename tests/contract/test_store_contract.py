@@ -9,8 +9,8 @@ import pytest
 from celery_fence.stores.base import AdminStore, AuditStore, RecoveryStore, RunStore, lacking
 from celery_fence.testing.contract.run_role import *  # noqa: F403
 
-from .harness import Harness
-from .run_only import RUN_ONLY
+from ..support.harnesses import Harness
+from ..support.harnesses.run_only import RUN_ONLY
 
 
 @pytest.fixture(params=[RUN_ONLY.name])

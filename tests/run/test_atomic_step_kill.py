@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 from celery_fence import open_store
 from celery_fence.fence import Fence
-from tests.contract.harness import HARNESSES, Harness
+from tests.support.harnesses import HARNESSES, Harness
 
 EFFECTS = "fence_test_atomic_effects"
 

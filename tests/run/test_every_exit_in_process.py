@@ -21,7 +21,7 @@ from celery_fence.recovery import recover_abandoned
 from celery_fence.signals import lease_duplicate
 from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome, wait_for
-from tests.contract.harness import HARNESSES, Harness, harness_params
+from tests.support.harnesses import HARNESSES, Harness, harness_params
 from tests.support.inprocess import memory_app, running_worker
 
 STORES = ("memory", "sqlite", "postgresql")

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from celery_fence import LeaseLost, StaleToken
 from celery_fence.fence import Fence
 from celery_fence.lease import Lease
-from tests.contract.harness import HARNESSES, Harness
+from tests.support.harnesses import HARNESSES, Harness
 
 PAID = "fence_test_step_payments"
 

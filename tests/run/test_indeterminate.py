@@ -29,7 +29,7 @@ from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome
 from celery_fence.verify import verify_store
 from celery_fence.worker.bootstep import settle_owed_records
-from tests.contract.harness import HARNESSES, Harness, harness_params
+from tests.support.harnesses import HARNESSES, Harness, harness_params
 from tests.support.inprocess import memory_app, running_worker
 
 STORES = ("memory", "sqlite", "postgresql", "redis", "redis_cluster", "etcd_cluster")  # etcd_cluster: marked

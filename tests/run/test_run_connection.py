@@ -13,7 +13,7 @@ from sqlalchemy import text
 from celery_fence import LeaseHeld, StoreUnavailable, UsageError
 from celery_fence.fence import Fence
 from celery_fence.testing import wait_for
-from tests.contract.harness import HARNESSES, Harness
+from tests.support.harnesses import HARNESSES, Harness
 
 
 @pytest.fixture(params=("sqlite", "postgresql"))

@@ -25,7 +25,7 @@ from celery_fence import FencedTask, LeaseHeld
 from celery_fence._runtime import runtime_for
 from celery_fence.signals import lease_duplicate
 from celery_fence.testing import wait_for
-from tests.contract.harness import Harness
+from tests.support.harnesses import Harness
 from tests.support.inprocess import Gates, memory_app, running_worker
 
 STORES = ("memory", "sqlite", "postgresql", "redis")
@@ -33,7 +33,7 @@ STORES = ("memory", "sqlite", "postgresql", "redis")
 
 @pytest.fixture(params=STORES)
 def harness(request: pytest.FixtureRequest) -> Harness:
-    from tests.contract.harness import HARNESSES
+    from tests.support.harnesses import HARNESSES
 
     return HARNESSES[request.param]
 

@@ -19,7 +19,7 @@ from celery_fence._runtime import runtime_for
 from celery_fence.renewer import Renewer
 from celery_fence.signals import lease_duplicate, lease_lost
 from celery_fence.testing import wait_for
-from tests.contract.harness import HARNESSES, Harness
+from tests.support.harnesses import HARNESSES, Harness
 from tests.support.inprocess import Gates, memory_app, running_worker
 
 TTL = 30.0

@@ -20,14 +20,14 @@ from celery_fence._runtime import runtime_for
 from celery_fence.fence import Fence
 from celery_fence.lease import LeasePolicy
 from celery_fence.renewer import Renewer
-from tests.contract.harness import Harness
+from tests.support.harnesses import Harness
 
 EFFECTS = "fence_test_tx_effects"
 
 
 @pytest.fixture(params=("sqlite", "postgresql"))
 def harness(request: pytest.FixtureRequest) -> Harness:
-    from tests.contract.harness import HARNESSES
+    from tests.support.harnesses import HARNESSES
 
     return HARNESSES[request.param]
 

@@ -1,4 +1,4 @@
-"""The fixtures that put a test on a store harness (tests/contract/harness.py), shared by tests/contract,
+"""The fixtures that put a test on a store harness (tests/support/harnesses/), shared by tests/contract,
 tests/stores and tests/run: each of their conftests imports them. A test module chooses its stores by
 overriding ``harness``; ``store`` and ``expire`` come from the shipped plugin's ``fence_contract_*``."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.contract.harness import HARNESSES, Harness, harness_params
+from tests.support.harnesses import HARNESSES, Harness, harness_params
 
 
 @pytest.fixture(params=harness_params())

@@ -1,8 +1,8 @@
 """The test tree keeps its shape: no module of it imports a test module or a conftest (shared support lives in
-conftest fixtures, tests/support/ or tests/servers/), and tests/contract holds test modules, its conftest and
-the harnesses the contract suite needs, nothing else (server processes are in tests/servers/); tests/stores/*
-and tests/run hold test modules and their conftest only. No two test
-modules share a file name, so a name found in a report, a claim or a traceback points at one file.
+conftest fixtures, tests/support/ or tests/servers/); tests/contract, tests/stores/* and tests/run hold test
+modules and their conftest only (the store harnesses are in tests/support/harnesses/, server processes in
+tests/servers/). No two test modules share a file name, so a name found in a report, a claim or a traceback
+points at one file.
 
 Read from the source with ``ast``: every ``import`` and ``from ... import``, at any depth, relative ones
 resolved.
@@ -17,28 +17,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 
-# The modules of tests/contract that are neither a test module nor a conftest, each with why it is there.
-CONTRACT_HARNESSES = {
-    "harness": "every store's harness, the HARNESSES the contract suite runs on",
-    "harness_etcd": "the etcd store's harness",
-    "harness_etcd_cluster": "the 3-member etcd cluster's harness",
-    "harness_pgha": "the PostgreSQL primary-and-standby harness (make contract-pg-ha)",
-    "harness_redis": "the Redis store's harness",
-    "harness_redis_cluster": "the Redis Cluster store's harness",
-    "run_only": "the run-role-only store's harness (test_store_contract.py)",
-}
-
 # What each folder of tests/ may import from the other folders (docs/architecture.md, "The test tree").
 MAY_IMPORT = {
-    "support": {"contract"},
+    "support": {"servers"},
     "servers": {"support"},
-    "unit": {"contract"},
+    "unit": {"support"},
     "contract": {"servers", "support"},
-    "stores": {"contract", "servers", "support"},
-    "run": {"contract", "support"},
-    "integration": {"contract", "servers", "support"},
+    "stores": {"servers", "support"},
+    "run": {"support"},
+    "integration": {"servers", "support"},
     "chaos": {"integration", "servers"},
-    "simulation": {"contract"},
+    "simulation": {"support"},
     "mutation": set(),
 }
 
@@ -94,7 +83,7 @@ def imports_across_folders(top: Path = ROOT) -> list[str]:
     return found
 
 
-def contract_helpers(directory: Path = TESTS / "contract") -> set[str]:
+def helper_modules(directory: Path) -> set[str]:
     """The modules of ``directory`` that are neither a test module, a conftest nor its ``__init__``."""
     names = {path.stem for path in directory.glob("*.py")}
     return {name for name in names if not name.startswith("test_") and name not in ("conftest", "__init__")}
@@ -129,25 +118,29 @@ def test_an_import_of_a_test_module_or_a_conftest_is_found(tmp_path: Path) -> No
     ]
 
 
-def test_tests_contract_holds_only_test_modules_its_conftest_and_the_contract_harnesses() -> None:
-    assert contract_helpers() == set(CONTRACT_HARNESSES)
-
-
-def test_tests_stores_and_tests_run_hold_only_test_modules_and_their_conftest() -> None:
+def test_tests_contract_stores_and_run_hold_only_test_modules_and_their_conftest() -> None:
     stores = TESTS / "stores"
     folders = [
+        TESTS / "contract",
         stores,
         *sorted(p for p in stores.iterdir() if p.is_dir() and p.name != "__pycache__"),
         TESTS / "run",
     ]
     assert [str(f.relative_to(TESTS)) for f in folders] == [
+        "contract",
         "stores",
         "stores/etcd",
         "stores/redis",
         "stores/sql",
         "run",
     ]
-    assert {str(f.relative_to(TESTS)): helpers for f in folders if (helpers := contract_helpers(f))} == {}
+    assert {str(f.relative_to(TESTS)): helpers for f in folders if (helpers := helper_modules(f))} == {}
+
+
+def test_a_helper_module_beside_the_test_modules_is_found(tmp_path: Path) -> None:
+    for name in ("__init__.py", "conftest.py", "test_a.py", "harness.py"):
+        (tmp_path / name).write_text("")
+    assert helper_modules(tmp_path) == {"harness"}
 
 
 def test_each_folder_imports_only_the_folders_the_architecture_page_allows() -> None:

@@ -33,9 +33,9 @@ from celery_fence.stores.etcd.gateway import put
 from celery_fence.stores.etcd.http import EtcdConnection
 from celery_fence.stores.etcd.leases import lease_seconds
 from celery_fence.testing import free_port
-from tests.contract.harness import HARNESSES  # first: harness.py imports harness_etcd itself
-from tests.contract.harness_etcd import shared_server
 from tests.servers.etcd import EtcdServer
+from tests.support.harnesses import HARNESSES
+from tests.support.harnesses.etcd import shared_server
 
 TTL = 30.0
 
