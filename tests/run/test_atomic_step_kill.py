@@ -14,14 +14,12 @@ from sqlalchemy import text
 
 from celery_fence import open_store
 from celery_fence.fence import Fence
-from tests.support.harnesses import HARNESSES, Harness
+from tests.support.harnesses import Harness
 
 EFFECTS = "fence_test_atomic_effects"
 
 
-@pytest.fixture(params=("sqlite", "postgresql"))
-def harness(request: pytest.FixtureRequest) -> Harness:
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores(transactions=True)
 
 
 @pytest.fixture

@@ -29,16 +29,15 @@ from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome
 from celery_fence.verify import verify_store
 from celery_fence.worker.bootstep import settle_owed_records
-from tests.support.harnesses import HARNESSES, Harness, harness_params
+from tests.support.harnesses import Harness
 from tests.support.inprocess import memory_app, running_worker
 
-STORES = ("memory", "sqlite", "postgresql", "redis", "redis_cluster", "etcd_cluster")  # etcd_cluster: marked
 EFFECTS = "fence_test_effects"
 
 
-@pytest.fixture(params=harness_params(STORES))
-def harness(request: pytest.FixtureRequest) -> Harness:
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores(
+    "memory", "sqlite", "postgresql", "redis", "redis_cluster", "etcd_cluster"  # etcd_cluster: under its mark
+)
 
 
 def _expire_one(store: Any, harness: Harness) -> Any:

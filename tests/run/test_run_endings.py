@@ -28,14 +28,7 @@ from celery_fence.testing import wait_for
 from tests.support.harnesses import Harness
 from tests.support.inprocess import Gates, memory_app, running_worker
 
-STORES = ("memory", "sqlite", "postgresql", "redis")
-
-
-@pytest.fixture(params=STORES)
-def harness(request: pytest.FixtureRequest) -> Harness:
-    from tests.support.harnesses import HARNESSES
-
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores("memory", "sqlite", "postgresql", "redis")
 
 
 @pytest.fixture

@@ -19,15 +19,13 @@ from celery_fence._runtime import runtime_for
 from celery_fence.renewer import Renewer
 from celery_fence.signals import lease_duplicate, lease_lost
 from celery_fence.testing import wait_for
-from tests.support.harnesses import HARNESSES, Harness
+from tests.support.harnesses import Harness
 from tests.support.inprocess import Gates, memory_app, running_worker
 
 TTL = 30.0
 
 
-@pytest.fixture(params=("memory", "sqlite"))
-def harness(request: pytest.FixtureRequest) -> Harness:
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores("memory", "sqlite")
 
 
 @pytest.fixture

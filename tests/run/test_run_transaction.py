@@ -25,11 +25,7 @@ from tests.support.harnesses import Harness
 EFFECTS = "fence_test_tx_effects"
 
 
-@pytest.fixture(params=("sqlite", "postgresql"))
-def harness(request: pytest.FixtureRequest) -> Harness:
-    from tests.support.harnesses import HARNESSES
-
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores(transactions=True)
 
 
 @pytest.fixture
@@ -100,7 +96,7 @@ def test_blocks_steps_and_the_completion_commit_together(app: Celery, store: Any
     assert events == ["acquire", "release", "acquire", "write", "step", "step", "complete"], events
 
 
-@pytest.mark.parametrize("harness", ["postgresql"], indirect=True)
+@pytest.mark.stores("postgresql")
 def test_the_renewer_never_waits_behind_its_own_runs_transaction(
     store: Any, harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -129,7 +125,7 @@ def test_the_renewer_never_waits_behind_its_own_runs_transaction(
     assert state is not None and state.done
 
 
-@pytest.mark.parametrize("harness", ["postgresql"], indirect=True)
+@pytest.mark.stores("postgresql")
 def test_a_session_timeout_in_the_callers_statements_is_the_store_unavailable(store: Any) -> None:
     """Issue "hardening", point 8: a statement cancelled by the session's ``statement_timeout`` inside
     ``transaction()`` raised SQLAlchemy's raw ``OperationalError`` (the task failed); nothing committed and
@@ -143,7 +139,7 @@ def test_a_session_timeout_in_the_callers_statements_is_the_store_unavailable(st
     assert [e.event for e in store.history("slow")] == ["acquire"]  # no write: it never committed
 
 
-@pytest.mark.parametrize("harness", ["postgresql"], indirect=True)
+@pytest.mark.stores("postgresql")
 def test_a_paused_holders_transaction_blocks_a_takeover_for_one_ttl_at_most(store: Any) -> None:
     """Issue "exactly once per key", point 1: the run's transaction holds the lease row locked until its
     completion; a holder that stops after writing (here: simply goes idle) is ended by the server once it

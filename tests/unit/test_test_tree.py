@@ -173,3 +173,29 @@ def test_two_test_modules_of_one_name_are_found(tmp_path: Path) -> None:
     assert shared_test_module_names(tmp_path) == {
         "test_events.py": ["tests/integration/test_events.py", "tests/unit/test_events.py"]
     }
+
+
+def harness_fixtures_outside_support(top: Path = ROOT) -> list[str]:
+    """``file:line`` of each function named ``harness`` under ``top``/tests but in
+    tests/support/harness_fixtures.py: a test chooses its stores with the ``stores`` mark, not by its own
+    ``harness`` fixture."""
+    found = []
+    for path in sorted((top / "tests").rglob("*.py")):
+        if path.relative_to(top).as_posix() == "tests/support/harness_fixtures.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef) and node.name == "harness":
+                found.append(f"{path.relative_to(top)}:{node.lineno}")
+    return found
+
+
+def test_no_test_module_chooses_its_stores_by_a_harness_fixture_of_its_own() -> None:
+    assert harness_fixtures_outside_support() == []
+
+
+def test_a_harness_fixture_of_a_test_modules_own_is_found(tmp_path: Path) -> None:
+    (tmp_path / "tests" / "run").mkdir(parents=True)
+    module = "import pytest\n\n@pytest.fixture\ndef harness():\n    pass\n"
+    (tmp_path / "tests" / "run" / "test_a.py").write_text(module)
+    assert harness_fixtures_outside_support(tmp_path) == ["tests/run/test_a.py:4"]
+

@@ -11,22 +11,23 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterable
-from typing import Any
-
-import pytest
 
 from celery_fence.testing import StoreHarness as Harness
 
 from . import memory, sql
 
-__all__ = ["HARNESSES", "Harness", "harness_params"]
+__all__ = ["HARNESSES", "WITH_TRANSACTIONS", "Harness"]
 
 HARNESSES: dict[str, Harness] = {
     "memory": memory.HARNESS,
     "sqlite": sql.SQLITE,
     "postgresql": sql.POSTGRESQL,
 }
+
+# The harnesses whose stores have ``transactions`` (celery_fence/stores/capabilities.py: a run's transaction
+# in the tasks' SQL database), which ``pytest.mark.stores(transactions=True)`` chooses. postgresql-ha is not
+# among them: make contract-pg-ha runs on it the tests that choose no stores.
+WITH_TRANSACTIONS = ("sqlite", "postgresql")
 
 if os.environ.get("FENCE_TEST_PG_HA"):  # a primary and a standby: make contract-pg-ha, not make test
     HARNESSES["postgresql-ha"] = importlib.import_module(f"{__name__}.postgresql_ha").HARNESS
@@ -41,8 +42,3 @@ for _name in ("redis", "etcd", "etcd_cluster", "redis_cluster"):
             raise
     else:
         HARNESSES[_name] = _module.HARNESS
-
-
-def harness_params(names: Iterable[str] | None = None) -> list[Any]:
-    """``names`` (every harness by default) as fixture params, each with its harness's marks."""
-    return [pytest.param(name, marks=HARNESSES[name].marks) for name in sorted(names or HARNESSES)]
