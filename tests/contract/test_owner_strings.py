@@ -25,7 +25,7 @@ from celery_fence.testing.contract.checks import TTL, audits
 from ..support.harnesses import WITH_TRANSACTIONS
 from ..support.racing import in_processes
 
-RACE_TTL = 0.2  # the issue's: short enough that some acquisitions meet their own expired lease
+RACE_TTL = 0.2  # short enough that some acquisitions meet their own expired lease
 PROCESSES, WINS = 8, 50  # each process acquires the key WINS times, always under one owner string
 RACE_SECONDS = 90.0  # a deadline for the loops on a loaded machine, not a sleep
 KEY = "one"

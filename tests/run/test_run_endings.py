@@ -119,8 +119,8 @@ def test_a_copy_of_the_same_task_id_is_absorbed_whatever_the_key_and_policy(
 def test_a_copy_of_a_running_task_id_looks_again_soon_without_spending_retries(
     app: Celery, store: Any, gates: Gates
 ) -> None:
-    """Issue 15, point 10: the copy is sent again after one renew interval (10 s of a 30 s ttl), not the
-    holder's whole remaining ttl, and with its retries unspent: with max_retries=0 it used to be dropped."""
+    """The copy is sent again after one renew interval (10 s of a 30 s ttl), not the holder's whole
+    remaining ttl, and with its retries unspent: with max_retries=0 it is still sent again, not dropped."""
     keyed = app.tasks["endings.keyed"]
     keyed.max_retries = 0
     task_id = str(uuid.uuid4())

@@ -11,6 +11,7 @@ resolved.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,3 +200,35 @@ def test_a_harness_fixture_of_a_test_modules_own_is_found(tmp_path: Path) -> Non
     (tmp_path / "tests" / "run" / "test_a.py").write_text(module)
     assert harness_fixtures_outside_support(tmp_path) == ["tests/run/test_a.py:4"]
 
+
+# A citation of where a test came from (an issue's number or title, a review's point): a test's docstring or
+# comment says what it holds instead. This module's own examples of it are left out.
+CITATION = re.compile(r"\b[Ii]ssue\s*[\d\"':]|\b[Rr]eview\s+point|\bpoint\s+\d")
+
+
+def citations(top: Path = ROOT) -> list[str]:
+    """``file:line`` of each line of a Python module under ``top``/tests that cites an issue or a review
+    point."""
+    return [
+        f"{path.relative_to(top)}:{number}"
+        for path in sorted((top / "tests").rglob("*.py"))
+        if path.resolve() != Path(__file__).resolve()
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if CITATION.search(line)
+    ]
+
+
+def test_no_test_docstring_or_comment_cites_an_issue_or_a_review_point() -> None:
+    assert citations() == []
+
+
+def test_a_citation_of_an_issue_or_a_review_point_is_found(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    lines = [
+        '"""Issue 27, point 8: said once."""',
+        "# Review point 4: never waits",
+        '"""Exactly once per key (issue: exactly once per key)."""',
+        "x = 1  # an issued token, at a point of its own",
+    ]
+    (tmp_path / "tests" / "test_a.py").write_text("\n".join(lines) + "\n")
+    assert citations(tmp_path) == ["tests/test_a.py:1", "tests/test_a.py:2", "tests/test_a.py:3"]
