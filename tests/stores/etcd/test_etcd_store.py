@@ -216,7 +216,7 @@ def test_an_etcd_without_its_gateway_is_a_configuration_error(
         server.stop()
 
 
-def test_urls_and_prefixes(request: pytest.FixtureRequest) -> None:
+def test_an_etcd_url_carries_its_key_prefix_and_a_bad_one_is_refused(request: pytest.FixtureRequest) -> None:
     base = shared_server(request).url()
     assert EtcdStore(base).url == f"{base}fence/"
     assert EtcdStore(f"{base}a/b").url == f"{base}a/b/"
@@ -364,7 +364,9 @@ def _racer(url: str, keys: list[str], seed: int, out: Any) -> None:
 
 
 @pytest.mark.parametrize("n_keys", [1, 20])
-def test_processes_racing(estore: EtcdStore, n_keys: int) -> None:
+def test_racing_processes_never_get_a_token_twice_and_complete_each_key_once(
+    estore: EtcdStore, n_keys: int
+) -> None:
     keys = [f"key{i}" for i in range(n_keys)]
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
