@@ -13,15 +13,13 @@ from sqlalchemy import text
 
 from celery_fence import open_store
 from celery_fence.fence import Fence
-from tests.contract.harness import HARNESSES, Harness
 from tests.support.forked import exit_code_of
+from tests.support.harnesses import Harness
 
 EFFECTS = "fence_test_atomic_effects"
 
 
-@pytest.fixture(params=("sqlite", "postgresql"))
-def harness(request: pytest.FixtureRequest) -> Harness:
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores(transactions=True)
 
 
 @pytest.fixture

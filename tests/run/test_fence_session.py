@@ -20,8 +20,8 @@ from celery_fence import FencedTask, StaleToken, UsageError, open_store
 from celery_fence._runtime import runtime_for
 from celery_fence.fence import Fence
 from celery_fence.renewer import Renewer
-from tests.contract.harness import HARNESSES, Harness
 from tests.support.forked import exit_code_of
+from tests.support.harnesses import Harness
 
 
 class Base(DeclarativeBase):
@@ -34,9 +34,7 @@ class Order(Base):
     state: Mapped[str] = mapped_column(String(20))
 
 
-@pytest.fixture(params=("sqlite", "postgresql"))
-def harness(request: pytest.FixtureRequest) -> Harness:
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores(transactions=True)
 
 
 @pytest.fixture
