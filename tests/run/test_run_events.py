@@ -21,15 +21,13 @@ from celery_fence import FencedTask, LeaseHeld
 from celery_fence._runtime import runtime_for
 from celery_fence.renewer import Renewer
 from celery_fence.testing import wait_for
-from tests.contract.harness import HARNESSES, Harness
+from tests.support.harnesses import Harness
 from tests.support.inprocess import memory_app, running_worker
 
 TTL = 30.0
 
 
-@pytest.fixture(params=("memory", "sqlite"))
-def harness(request: pytest.FixtureRequest) -> Harness:
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores("memory", "sqlite")
 
 
 class Sent:

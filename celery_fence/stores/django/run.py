@@ -25,11 +25,11 @@ from sqlalchemy import Connection
 from ..._failpoints import failpoint
 from ...errors import FenceError, StaleToken, StoreUnavailable, UsageError
 from ...lease import Lease
-from ..sql.errors import (  # the SQL store's boundary, and what of it a caller's statement may meet
+from ..sql.driver import translate_errors
+from ..sql.errors import (  # what a driver error means, and what of it a caller's statement may meet
     _TRANSIENT_IN_TRANSACTION,
     driver_error,
     safe_url,
-    translate_errors,
     user_statement_errors,
 )
 from ..sql.run import RunTransaction, _refuse_hand_made  # the same refusal, its message naming the fix
