@@ -60,7 +60,9 @@ def test_the_system_check_is_quiet_when_the_store_is_on_the_orms_database(migrat
         ("django://nosuch", "celery_fence.E001"),
     ],
 )
-def test_the_system_check_names_a_store_the_orm_writes_do_not_go_to(url: Any, check: str) -> None:
+def test_the_system_check_names_a_store_the_orm_writes_do_not_go_to(
+    url: Any, check: str, migrated_sqlite: str
+) -> None:
     with override_settings(CELERY_FENCE_STORE_URL=url):
         found = checks()
     assert [i for i, _ in found] == [check]
@@ -72,7 +74,7 @@ class _OrdersElsewhere:
         return "pg" if model._meta.app_label == "orders" else None
 
 
-def test_the_system_check_names_the_models_written_to_another_database() -> None:
+def test_the_system_check_names_the_models_written_to_another_database(migrated_sqlite: str) -> None:
     with override_settings(DATABASE_ROUTERS=[_OrdersElsewhere()]):
         found = checks()
     assert found == [(
