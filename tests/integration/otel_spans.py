@@ -1,7 +1,7 @@
 """Loaded into a test's worker (``celery worker -I tests.integration.otel_spans``): each pool process
 instruments Celery with OpenTelemetry once it is forked, as OpenTelemetry's Celery guide does, and writes
 every finished span to ``<FENCE_IT_DIR>/spans.<pid>.jsonl`` (name, end time, attributes, events), which
-the test reads (tests/integration/test_telemetry.py)."""
+the test reads (tests/integration/test_worker_spans.py)."""
 
 from __future__ import annotations
 

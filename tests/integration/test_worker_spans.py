@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 from .fenced_app import record, record_keyed
-from .test_metrics_port import paused_run_taken_over
 from .workers import marks, wait_for
-from .world import Cluster
+from .world import Cluster, paused_run_taken_over
 
 pytestmark = pytest.mark.integration
 
