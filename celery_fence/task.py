@@ -44,6 +44,7 @@ from .signals import (
     lease_released,
     lease_renewed,
     lease_takeover,
+    run_ended,
     store_wait_exhausted,
     write_refused,
 )
@@ -53,6 +54,11 @@ from .worker.startup import check_worker_at_start
 __all__ = ["FencedTask"]
 
 log = logging.getLogger(__name__)
+
+# run_ended's word for an ending the run reported nothing about (a refusal, a duplicate say so themselves).
+_ENDED = {
+    Kind.RETURN: "completed", Kind.SEND_AGAIN: "requeued", Kind.RAISE: "raised", Kind.IGNORE: "ignored"
+}
 
 
 class FencedTask(Task):  # type: ignore[misc]  # celery ships no type information
@@ -101,7 +107,10 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         key, _ = derive_key(self, args, kwargs)
         info = run_info(self, request, args, kwargs)  # what recovery needs to send this run again
         attempt = _headers.attempt_of(request, self.name)
-        ending = Run(_Host(self, request, runtime), runtime, config, key, info, attempt).execute(args, kwargs)
+        host = _Host(self, request, runtime)
+        ending = Run(host, runtime, config, key, info, attempt).execute(args, kwargs)
+        said = host.said or ("gave_up" if ending.record is not None else _ENDED[ending.kind])
+        run_ended.send(sender=self, key=key, task_id=request.id, ending=said)
         return _perform(self, request, runtime, ending)
 
     def signature_from_request(self, request: Any = None, *args: Any, **options: Any) -> Any:
@@ -129,6 +138,7 @@ class _Host:
     def __init__(self, task: FencedTask, request: Any, runtime: FenceRuntime) -> None:
         self.task, self.request, self.runtime = task, request, runtime
         self.started = time.monotonic()
+        self.said: str | None = None  # "refused" or "duplicate" once reported: how the run ended
 
     def body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self.task.run(*args, **kwargs)
@@ -179,6 +189,7 @@ class _Host:
         elif what == "refused":
             reason = fields["reason"]
             log.warning("fence refused %s[%s]: %s", task.name, request.id, reason)
+            self.said = what
             write_refused.send(sender=task, reason=reason, **run)
             self._event("refused", key=key, token=token, exception=reason)
         elif what == "duplicate":
@@ -186,6 +197,7 @@ class _Host:
             detail = fields.get("detail", reason)
             why = _absorbed_because(reason, token, detail)
             log.info("fence: duplicate delivery of %s absorbed: %s", key, why)
+            self.said = what
             self._event("duplicate", key=key, token=token, reason=detail)
             lease_duplicate.send(sender=task, reason=reason, **run)
         else:

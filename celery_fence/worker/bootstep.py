@@ -1,7 +1,8 @@
 """Worker bootsteps (main process): recovery re-sends abandoned runs periodically (on by default, one
 worker at a time cluster-wide: :mod:`celery_fence.worker.election`; ``--no-fence-recover`` turns it off);
 ``--fence-metrics-port`` serves Prometheus metrics summed over the pool's processes
-(:mod:`celery_fence.metrics`)."""
+(:mod:`celery_fence.metrics`); OpenTelemetry spans get the fence's attributes (:mod:`celery_fence.telemetry`)
+when its Celery instrumentation is installed."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, ClassVar
 import click
 from celery import bootsteps, current_app
 
+from .. import telemetry
 from .._process import forget_in_child
 from .._runtime import runtime_for, settle_at_exit
 from ..config import metrics_addr, metrics_port
@@ -206,10 +208,13 @@ def _endpoint(conf: Any, port: int | None, addr: str | None) -> tuple[int | None
 
 
 def add_worker_steps(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    """``celeryd_init`` receiver: the worker's blueprint is built after this, so the steps join it."""
+    """``celeryd_init`` receiver: the worker's blueprint is built after this, so the steps join it. The
+    fence's span attributes are connected here too, before the pool forks, when OpenTelemetry's Celery
+    instrumentation is installed (:mod:`celery_fence.telemetry`; nothing otherwise)."""
     app = getattr(instance, "app", None)
     if app is not None:
         app.steps["worker"].update((FenceRecovery, FenceMetricsServer))
+        telemetry.connect(app)
 
 
 def settle_owed_records(sender: Any = None, **_: Any) -> None:

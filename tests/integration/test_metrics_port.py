@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import urllib.request
 import uuid
 from pathlib import Path
@@ -15,8 +14,8 @@ import pytest
 from celery_fence.testing import free_port
 
 from .fenced_app import record
-from .workers import marks, wait_for
-from .world import Cluster, on_every_store
+from .workers import wait_for
+from .world import Cluster, on_every_store, paused_run_taken_over
 
 pytestmark = pytest.mark.integration
 
@@ -41,21 +40,6 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 def value(text: str, name: str, **labels: str) -> float:
     return samples(text).get((f"celery_fence_{name}", frozenset({"task": TASK, **labels}.items())), 0.0)
-
-
-def paused_run_taken_over(cluster: Cluster) -> str:
-    """A run stopped past its lease, its id sent again (the other pool process takes over), then resumed."""
-    task_id = str(uuid.uuid4())
-    record.apply_async(("paused",), {"pause": 3.0}, task_id=task_id)
-    ((pid, _),) = wait_for(lambda: marks(cluster.workdir, task_id, "started"), what="first run started")
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        wait_for(lambda: (cluster.store.get(task_id).expires_in or 0) <= 0, what="the paused lease to expire")
-        record.apply_async(("paused",), task_id=task_id).get(timeout=30)
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    wait_for(lambda: "refused" in [e for e, _ in cluster.events(task_id)], what="the stale run's refusal")
-    return task_id
 
 
 @pytest.mark.parametrize("cluster", on_every_store(ttl="2"), indirect=True)

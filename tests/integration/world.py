@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,9 +23,9 @@ from tests.servers.restartable import restartable_store
 from tests.support.harnesses import HARNESSES
 from tests.support.harnesses.sql import pg_schema_store
 
-from .fenced_app import accounts, ledger
+from .fenced_app import accounts, ledger, record
 from .rabbitmq import own_vhost, private_node
-from .workers import Worker, start_worker
+from .workers import Worker, marks, start_worker, wait_for
 
 STORES = ("postgresql", "redis", "etcd")
 # Redis databases of the broker and the result backend. The soak moves them (kombu's visibility-timeout
@@ -86,6 +87,21 @@ class Cluster:
     @property
     def on_rabbitmq(self) -> bool:
         return self.env["FENCE_IT_BROKER"].startswith("amqp://")
+
+
+def paused_run_taken_over(cluster: Cluster) -> str:
+    """A run stopped past its lease, its id sent again (the other pool process takes over), then resumed."""
+    task_id = str(uuid.uuid4())
+    record.apply_async(("paused",), {"pause": 3.0}, task_id=task_id)
+    ((pid, _),) = wait_for(lambda: marks(cluster.workdir, task_id, "started"), what="first run started")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: (cluster.store.get(task_id).expires_in or 0) <= 0, what="the paused lease to expire")
+        record.apply_async(("paused",), task_id=task_id).get(timeout=30)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: "refused" in [e for e, _ in cluster.events(task_id)], what="the stale run's refusal")
+    return task_id
 
 
 def effects_engine(store: Any, user_db: Engine) -> Engine:
