@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from . import _failpoints
 from ._decide import Action, Event, Facts, View, asks_backend, decide, holder_of, view_of
 from ._ending import Ending
-from ._failpoints import failpoint
 from ._headers import Attempt, run_name
 from ._outcomes import ENDED_STATES, FAILED_STATES, RunHost, body_event, completion_event, returned_event
 from ._owed import Released
@@ -67,7 +67,8 @@ class Run:
 
     def _execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ending:
         owner = self.runtime.new_owner()
-        failpoint("before-acquire")
+        if _failpoints.armed:
+            _failpoints.failpoint("before-acquire")
         for round_ in range(1, ACQUIRE_ROUNDS + 1):
             facts, lease, sent_at, problem = self._acquire(owner)
             if lease is not None and self._ended_before(lease):
@@ -99,7 +100,8 @@ class Run:
             sent_at = self.clock()
             try:
                 lease = self.store.acquire(self.key, owner, self.policy.ttl, self.run_info)
-                failpoint("after-acquire")
+                if _failpoints.armed:
+                    _failpoints.failpoint("after-acquire")
                 return Facts(Event.ACQUIRED), lease, sent_at, None
             except AlreadyDone as done:
                 return Facts(Event.FINISHED), None, sent_at, done
@@ -187,7 +189,8 @@ class Run:
         deadline = self.runtime.renewer.deadline(fence.lease)
         deadline = deadline if deadline is not None else self.clock() + self.policy.ttl
         self.runtime.renewer.untrack(fence.lease)  # no renew of a lease whose completion may have committed
-        failpoint("before-complete")
+        if _failpoints.armed:
+            _failpoints.failpoint("before-complete")
         action = decide(Facts(returned_event(fence)))
         if action is not Action.COMPLETE:  # the run's transaction was lost with earlier writes
             lost = StoreUnavailable(f"the run's transaction on key {self.key!r} was lost with earlier writes")
