@@ -28,11 +28,15 @@ _ATTR = "_celery_fence_runtime"
 _WRAP = "_celery_fence_store_wrapper"  # on the app, so a forked child's new runtime wraps its store too
 _CREATE = threading.Lock()  # serialises first creation on the threads pool; holds no state
 
+# A task's own fence_lease_ttl, fence_on_busy and fence_interrupt (None: the app's setting).
+TaskOptions = tuple[float | None, str | None, bool | None]
+
 
 class FenceRuntime:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.config = FenceConfig.from_conf(app.conf)
+        self._task_configs: dict[str, tuple[TaskOptions, FenceConfig]] = {}
         self.new_owner = OwnerNames()
         self._store: Store | None = None
         self._renewer: Renewer | None = None
@@ -50,6 +54,14 @@ class FenceRuntime:
         records are the parent's (the store forgets its connections itself)."""
         if self.app.__dict__.get(_ATTR) is self:
             del self.app.__dict__[_ATTR]
+
+    def config_for(self, task: str, options: TaskOptions) -> FenceConfig:
+        """The settings a run of ``task`` takes: the app's under the task's own ``options``, resolved once
+        per task (and again if its options change)."""
+        known = self._task_configs.get(task)
+        if known is None or known[0] != options:  # first run, or the task's options changed since
+            known = self._task_configs[task] = (options, self.config.with_task_options(*options))
+        return known[1]
 
     @property
     def store(self) -> Store:

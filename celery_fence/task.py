@@ -95,9 +95,8 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         if request is None or request.called_directly:  # a plain function call: no message, no lease
             return super().__call__(*args, **kwargs)
         runtime = runtime_for(self.app)
-        config = runtime.config.with_task_options(
-            self.fence_lease_ttl, self.fence_on_busy, self.fence_interrupt
-        )
+        options = (self.fence_lease_ttl, self.fence_on_busy, self.fence_interrupt)
+        config = runtime.config_for(self.name, options)
         key, _ = derive_key(self, args, kwargs)
         info = run_info(self, request, args, kwargs)  # what recovery needs to send this run again
         attempt = _headers.attempt_of(request, self.name)
