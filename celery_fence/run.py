@@ -15,6 +15,7 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import cached_property
 from typing import Any
 
 from . import _failpoints
@@ -49,9 +50,14 @@ class Run:
         self.key, self.run_info, self.attempt = key, run_info, attempt
         self.clock, self.sleep = runtime.clock, runtime.sleep
         self.name = run_name(attempt)
-        self.resends = Resends(host, runtime, config, key, run_info, attempt)
         self.state: LeaseState | None = None  # the last read of the key
         self.committed: tuple[Any] | None = None  # (result,) once the completion answered
+
+    @cached_property
+    def resends(self) -> Resends:
+        """How this run is sent again, or ends unrun: made only when it comes to that, never on an
+        ordinary run."""
+        return Resends(self.host, self.runtime, self.config, self.key, self.run_info, self.attempt)
 
     def execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ending:
         try:
