@@ -5,7 +5,7 @@ A run that cannot end now (an unavailable store, a key another task id holds, a 
 an unknown outcome) is sent again with the same task id and the same ``retries``: the fence never spends the
 task's ``max_retries``. Each kind is bounded by a setting of the fence (``fence_store_wait``,
 ``fence_busy_wait``, ``fence_max_resends``) and giving up leaves a record: the key marked given up in the
-store, the reason in the log. The headers that carry a wait's clock are that wait's own (:mod:`._headers`).
+store, the reason in the log. The headers that carry a wait's clock are that wait's own (:mod:`._delivery`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._decide import Action, holder_of
+from ._delivery import AWAITED, BUSY_SINCE, LOOKS, RESENDS, WAITING_SINCE, WAITS, Attempt, run_name
 from ._ending import Ending
-from ._headers import AWAITED, BUSY_SINCE, LOOKS, RESENDS, WAITING_SINCE, WAITS, Attempt, run_name
 from ._outcomes import ENDED_STATES, RunHost
 from ._owed import Stranded
 from ._runtime import FenceRuntime

@@ -20,8 +20,8 @@ from typing import Any
 
 from . import _failpoints
 from ._decide import Action, Event, Facts, View, asks_backend, decide, holder_of, view_of
+from ._delivery import Attempt, run_name
 from ._ending import Ending
-from ._headers import Attempt, run_name
 from ._outcomes import ENDED_STATES, FAILED_STATES, RunHost, body_event, completion_event, returned_event
 from ._owed import Released
 from ._resends import Resends
