@@ -1,5 +1,5 @@
-"""One delivery of a fenced task: the key its run takes, what its message's headers say, and what recovery
-needs to send it again.
+"""One delivery of a fenced task: the key its run takes, what its message's headers say, what recovery needs
+to send it again, and how it ends.
 
 **The key** (:func:`derive_key`): a ``fence_key`` message header, else the task's ``fence_key`` option (a
 format string over the bound arguments, or a callable), else the task id.
@@ -23,11 +23,20 @@ and the route: exchange, routing key, priority, and the queue the message came o
 it (a queue it consumes bound to that exchange and key). An ``eta`` is not kept (the run already started: its
 copy is due at once); ``expires`` is, so a copy of an expired message is revoked as the original would have
 been.
+
+**The ending** (:class:`Ending`), what the run decided and the task carries out. The run never raises
+Celery's control-flow exceptions itself nor sends a message: it returns an ending, and the task performs it,
+in this order: send the copy (if any), give back the lease it hands over, write the record the store is owed
+(a give-up record: :class:`Stranded`), store a FAILURE the caller must see, then return the value or raise.
+That keeps every decision in the table and the Celery glue to one small place. Whether the task id already
+ended is the result backend's word (:data:`ENDED_STATES`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import enum
 import inspect
 import re
 import string
@@ -36,13 +45,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import codec
-from .errors import ConfigurationError, NotSerializable
-from .lease import validate_key
+from .errors import ConfigurationError, FenceError, NotSerializable
+from .lease import Lease, validate_key
 
 __all__ = [
     "ATTEMPT",
     "AWAITED",
     "BUSY_SINCE",
+    "ENDED_STATES",
+    "FAILED_STATES",
     "HANDOFF",
     "LINEAGE",
     "LOOKS",
@@ -51,6 +62,9 @@ __all__ = [
     "WAITING_SINCE",
     "WAITS",
     "Attempt",
+    "Ending",
+    "Kind",
+    "Stranded",
     "attempt_of",
     "check_key_template",
     "derive_key",
@@ -298,3 +312,72 @@ def resend_options(run: Mapping[str, Any]) -> dict[str, Any]:
     if run.get("fence_key") is not None:
         options["headers"] = {**(options.get("headers") or {}), "fence_key": run["fence_key"]}
     return {"args": run["args"], "kwargs": run["kwargs"], "task_id": run["id"], **options}
+
+
+# -- the ending --
+
+FAILED_STATES = frozenset({"FAILURE", "REVOKED"})  # a task id Celery reported ended without success
+ENDED_STATES = FAILED_STATES | {"SUCCESS"}  # a task id whose ending Celery delivered: a copy adds nothing
+
+
+class Kind(enum.Enum):
+    RETURN = "return"  # the task returns ``value`` (Celery stores SUCCESS)
+    IGNORE = "ignore"  # the task ends with Ignore: nothing stored for it by this run
+    RAISE = "raise"  # the task raises ``error`` (Celery's course: FAILURE, Retry, Reject, ...)
+    SEND_AGAIN = "send again"  # a copy of the message (same id, same retries) is sent, then Ignore or Retry
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a run ends, as the task carries it out (:class:`Kind`, and what that kind needs)."""
+
+    kind: Kind
+    value: Any = None
+    error: BaseException | None = None  # RAISE: what is raised; SEND_AGAIN: shown as RETRY (Retry(exc=...))
+    countdown: float = 0.0  # SEND_AGAIN: seconds before the copy runs
+    # SEND_AGAIN: the copy's own fence headers
+    headers: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    hand_back: Lease | None = None  # released once the copy is sent (or at once, when nothing is sent)
+    record: Stranded | None = None  # a give-up record the store is owed
+    failure: FenceError | None = None  # IGNORE: stored as the task id's FAILURE first (ends ready)
+
+    @classmethod
+    def returning(cls, value: Any) -> Ending:
+        return cls(Kind.RETURN, value=value)
+
+    @classmethod
+    def ignoring(
+        cls,
+        hand_back: Lease | None = None,
+        failure: FenceError | None = None,
+        record: Stranded | None = None,
+    ) -> Ending:
+        return cls(Kind.IGNORE, hand_back=hand_back, failure=failure, record=record)
+
+    @classmethod
+    def raising(
+        cls, error: BaseException, hand_back: Lease | None = None, record: Stranded | None = None
+    ) -> Ending:
+        return cls(Kind.RAISE, error=error, hand_back=hand_back, record=record)
+
+    @classmethod
+    def sending_again(
+        cls,
+        countdown: float,
+        headers: Mapping[str, Any],
+        hand_back: Lease | None = None,
+        shown_as_retry: BaseException | None = None,
+    ) -> Ending:
+        return cls(
+            Kind.SEND_AGAIN, countdown=countdown, headers=headers, hand_back=hand_back, error=shown_as_retry
+        )
+
+
+@dataclass(frozen=True)
+class Stranded:
+    """The record of one run the fence gave up on: ``Store.strand(key, run, reason)``."""
+
+    task_id: str
+    key: str
+    run: Mapping[str, Any] | None
+    reason: str

@@ -12,30 +12,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from ._delivery import Stranded
 from .errors import FenceError
 from .lease import Lease
 from .stores import Store
 from .stores.base import RecoveryStore, lacking
 
-__all__ = ["MAX_OWED", "OwedRecords", "Released", "Stranded"]
+__all__ = ["MAX_OWED", "OwedRecords", "Released"]
 
 log = logging.getLogger(__name__)
 
 MAX_OWED = 1_000  # records kept per process: a long outage must not grow memory without bound
-
-
-@dataclass(frozen=True)
-class Stranded:
-    """The record of one run the fence gave up on: ``Store.strand(key, run, reason)``."""
-
-    task_id: str
-    key: str
-    run: Mapping[str, Any] | None
-    reason: str
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from ._decide import Action, holder_of
-from ._delivery import AWAITED, BUSY_SINCE, LOOKS, RESENDS, WAITING_SINCE, WAITS, Attempt, run_name
-from ._ending import Ending
-from ._outcomes import ENDED_STATES, RunHost
-from ._owed import Stranded
+from ._delivery import (
+    AWAITED,
+    BUSY_SINCE,
+    ENDED_STATES,
+    LOOKS,
+    RESENDS,
+    WAITING_SINCE,
+    WAITS,
+    Attempt,
+    Ending,
+    Stranded,
+    run_name,
+)
 from ._runtime import FenceRuntime
 from .config import FenceConfig
 from .errors import FenceError, GaveUp, LeaseHeld, StoreUnavailable
@@ -29,12 +38,20 @@ __all__ = ["Resends"]
 log = logging.getLogger(__name__)
 
 
+class Host(Protocol):
+    """What sending a run again needs of the run's host (:class:`~celery_fence.run.RunHost`): the result
+    backend's word, and someone to tell."""
+
+    def outcome(self) -> str | None: ...
+    def report(self, what: str, key: str, token: int, **fields: Any) -> None: ...
+
+
 class Resends:
     """How one run is sent again, for :class:`~celery_fence.run.Run`."""
 
     def __init__(
         self,
-        host: RunHost,
+        host: Host,
         runtime: FenceRuntime,
         config: FenceConfig,
         key: str,

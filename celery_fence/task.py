@@ -29,7 +29,7 @@ from celery.exceptions import Ignore, Retry
 from celery.signals import celeryd_after_setup, celeryd_init, worker_process_shutdown, worker_shutdown
 
 from . import _delivery
-from ._ending import Ending, Kind
+from ._delivery import Ending, Kind
 from ._events import send_fence_event
 from ._runtime import FenceRuntime, runtime_for
 from .errors import FenceError

@@ -13,7 +13,8 @@ from celery import Celery
 
 from celery_fence import FencedTask, StoreUnavailable
 from celery_fence import _owed as owed
-from celery_fence._owed import OwedRecords, Stranded
+from celery_fence._delivery import Stranded
+from celery_fence._owed import OwedRecords
 from celery_fence._runtime import runtime_for
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome

@@ -15,8 +15,7 @@ import pytest
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 
 from celery_fence import GaveUp, LeaseHeld, StaleToken, StoreUnavailable
-from celery_fence._delivery import Attempt
-from celery_fence._ending import Ending, Kind
+from celery_fence._delivery import Attempt, Ending, Kind
 from celery_fence._owed import Released
 from celery_fence._runtime import FenceRuntime
 from celery_fence.fence import Fence
