@@ -25,9 +25,8 @@ from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, Time
 from . import _failpoints
 from ._decide import Action, Event, Facts, View, asks_backend, decide, holder_of, view_of
 from ._delivery import ENDED_STATES, FAILED_STATES, Attempt, Ending, run_name
-from ._owed import Released
 from ._resends import Resends
-from ._runtime import FenceRuntime
+from ._runtime import FenceRuntime, Released
 from .config import FenceConfig
 from .errors import AlreadyDone, FenceError, LeaseHeld, LeaseLost, StaleToken, StoreUnavailable
 from .fence import Fence
