@@ -26,12 +26,11 @@ from . import _failpoints
 from ._decide import Action, Event, Facts, View, asks_backend, decide, holder_of, view_of
 from ._delivery import ENDED_STATES, FAILED_STATES, Attempt, Ending, run_name
 from ._resends import Resends
-from ._runtime import FenceRuntime, Released
+from ._runtime import FenceRuntime, OnLost, OnRenewed, Released
 from .config import FenceConfig
 from .errors import AlreadyDone, FenceError, LeaseHeld, LeaseLost, StaleToken, StoreUnavailable
 from .fence import Fence
 from .lease import Lease, LeaseState
-from .renewer import OnLost, OnRenewed
 
 __all__ = ["Run", "RunHost", "decide", "quietly"]
 
