@@ -78,7 +78,7 @@ class FenceRuntime:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.config = FenceConfig.from_conf(app.conf)
-        self._task_configs: dict[str, tuple[TaskOptions, FenceConfig]] = {}
+        self._task_configs: dict[str, tuple[FenceConfig, TaskOptions, FenceConfig]] = {}
         self.new_owner = OwnerNames()
         self._store: Store | None = None
         self._renewer: Renewer | None = None
@@ -99,11 +99,11 @@ class FenceRuntime:
 
     def config_for(self, task: str, options: TaskOptions) -> FenceConfig:
         """The settings a run of ``task`` takes: the app's under the task's own ``options``, resolved once
-        per task (and again if its options change)."""
+        per task (and again if either changes: a test may set a task's options or the runtime's config)."""
         known = self._task_configs.get(task)
-        if known is None or known[0] != options:  # first run, or the task's options changed since
-            known = self._task_configs[task] = (options, self.config.with_task_options(*options))
-        return known[1]
+        if known is None or known[0] is not self.config or known[1] != options:
+            known = self._task_configs[task] = (self.config, options, self.config.with_task_options(*options))
+        return known[2]
 
     @property
     def store(self) -> Store:
