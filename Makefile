@@ -49,8 +49,9 @@ stores: venv
 run: venv
 	$(PYTEST) tests/run $(ARGS)
 
-# The contract suite on a PostgreSQL primary and standby behind a multi-host URL (harness_pgha.py); not in
-# `make test`, which would run the PostgreSQL half of the suite twice.
+# The contract suite on a PostgreSQL primary and standby behind a multi-host URL
+# (tests/support/harnesses/postgresql_ha.py); not in `make test`, which would run the PostgreSQL half of the
+# suite twice.
 contract-pg-ha: venv
 	FENCE_TEST_PG_HA=1 $(PYTEST) $(STORE_TESTS) -k postgresql-ha $(ARGS)
 

@@ -7,13 +7,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from . import codec
-from .errors import ConfigurationError, LeaseLost, StoreUnavailable
+from .errors import ConfigurationError, LeaseLost, StoreUnavailable, UsageError
 from .lease import Lease
 from .stores.base import FencedConnectionStore, RunTransactionHandle, Store
 from .stores.capabilities import capabilities_of
+
+if TYPE_CHECKING:
+    from .stores.sql.session import FencedSession
 
 __all__ = ["Fence", "Heartbeat"]
 
@@ -99,6 +102,35 @@ class Fence:
         """
         with self._open_run_transaction().block() as conn:
             yield conn
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """Django's ``transaction.atomic()`` for the run (a ``django://`` store): the ORM writes inside it
+        commit **together with the run's completion**, as ``transaction()``'s do, and ``on_commit``
+        callbacks run after that commit, never for a run that did not commit. A nested
+        ``transaction.atomic()`` is a savepoint; ``transaction.commit()`` inside it Django refuses
+        (docs/django.md)."""
+        if capabilities_of(self.store).django_alias is None:
+            raise UsageError(
+                f"self.fence.atomic() needs the Django store (fence_store_url = 'django://default'), not "
+                f"{self.store.url.split('://')[0]}://; with another SQL store use self.fence.transaction()"
+            )
+        with self._open_run_transaction().block():
+            yield
+
+    @contextmanager
+    def session(self, **options: Any) -> Iterator[FencedSession]:
+        """An SQLAlchemy ORM ``Session`` on the run's transaction: what it flushes commits **together with
+        the run's completion**, as a ``transaction()`` block's writes do (it is one such block), and an
+        exception inside undoes it. ``session.commit()`` and ``session.rollback()`` are refused
+        (``UsageError``); pending objects are flushed when the block ends. ``options`` go to ``Session``
+        (``expire_on_commit``, ``info``...). Needs a SQL store, and your tables in its database.
+        """
+        # Imported here: SQLAlchemy's ORM costs every process ~60 ms of import, and most never use it.
+        from .stores.sql.session import session_on
+
+        with self.transaction() as conn, session_on(conn, **options) as session:
+            yield session
 
     @property
     def joined(self) -> bool:

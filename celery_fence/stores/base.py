@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import ConfigurationError, InvalidArgument
 from ..lease import Abandoned, HistoryEvent, Lease, LeaseState
 
 __all__ = [
@@ -24,6 +25,8 @@ __all__ = [
     "Store",
     "StoreClass",
     "lacking",
+    "out_of_tokens",
+    "past_the_range",
 ]
 
 # The vocabulary of ``HistoryEvent.event``; ``fence verify`` reads these.
@@ -229,3 +232,21 @@ class FencedConnectionStore(Store, Protocol):
         """Open the run's transaction (``stores.sql.run.RunTransaction``): the lease row checked and locked
         until it commits together with the run's completion, or rolls back. ``StaleToken`` if not current."""
 
+
+# -- the token counter's two refusals, worded alike on every store (only the store knows its counter) --
+
+
+def past_the_range(gap: int, counter: int | None = None) -> InvalidArgument:
+    """An ``advance`` refused (nothing changed): the counter would leave [1, 2**53 - 1]."""
+    at = "" if counter is None else f" (it is at {counter})"
+    return InvalidArgument(
+        f"advance({gap}) would move the token counter past 2**53 - 1{at}; nothing changed: use a smaller gap"
+    )
+
+
+def out_of_tokens() -> ConfigurationError:
+    """The counter reached 2**53 - 1 (only an ``advance`` close to it gets there): permanent."""
+    return ConfigurationError(
+        "the store's token counter reached 2**53 - 1 and cannot issue another token; "
+        "point fence_store_url at a new store"
+    )

@@ -24,6 +24,7 @@ class Capabilities:
     write_lock_wait: float | None = None  # one write lock for every writer, waited for up to this long
     local_file: Path | None = None  # the file the store lives in, which a read must not create empty
     default_port: int | None = None  # the server's port when the URL names none (a proxy goes there)
+    django_alias: str | None = None  # the run's transaction is Django's on this database: self.fence.atomic()
 
     def ttl_warning(self, ttl: float) -> str | None:
         """What the store does to ``ttl``, if it keeps it otherwise than asked."""

@@ -15,9 +15,9 @@ from typing import Any
 from .. import codec
 from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
 from ..lease import MAX_TOKEN, Abandoned, HistoryEvent, Lease, LeaseState
+from .base import out_of_tokens, past_the_range
 from .capabilities import Capabilities
 from .memory_rows import Row, is_abandoned, lease_state
-from .validation import out_of_tokens, past_the_range
 
 __all__ = ["MemoryStore"]
 

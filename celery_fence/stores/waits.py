@@ -9,10 +9,10 @@ bound the wait of their own statements with :func:`lock_wait`:
   that can no longer land in time gives up and is retried, instead of returning after the deadline;
 - the admin commands and the worker's recovery pass, by :data:`ADMIN_LOCK_WAIT`.
 
-A store that waits for locks honours the bound (never waiting longer than its own limit) and raises
-``StoreUnavailable`` past it: transient, nothing was written. A store that does not wait for locks
-(memory, Redis, etcd) ignores it. The bound belongs to the current thread (a ``ContextVar``), so a
-renewer's bound never shortens another thread's statements.
+A store that waits for locks reads the bound (:data:`LOCK_WAIT`) before each statement, honours it (never
+waiting longer than its own limit) and raises ``StoreUnavailable`` past it: transient, nothing was written.
+A store that does not wait for locks (memory, Redis, etcd) ignores it. The bound belongs to the current
+thread (a ``ContextVar``), so a renewer's bound never shortens another thread's statements.
 """
 
 from __future__ import annotations
@@ -21,28 +21,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-__all__ = ["ADMIN_LOCK_WAIT", "current_lock_wait", "lock_wait"]
+__all__ = ["ADMIN_LOCK_WAIT", "LOCK_WAIT", "lock_wait"]
 
 # An admin command or recovery pass gives up on a lock held longer than this (the fence's own writes hold
 # it for milliseconds), and says who holds it, rather than hang behind a stopped process.
 ADMIN_LOCK_WAIT = 2.0
 
-_BOUND: ContextVar[float | None] = ContextVar("celery_fence_lock_wait", default=None)
+# The bound set by the innermost lock_wait() of this thread, or None (the store's own limit): a store that
+# waits for locks reads it (``LOCK_WAIT.get()``) before each statement; only lock_wait() sets it.
+LOCK_WAIT: ContextVar[float | None] = ContextVar("celery_fence_lock_wait", default=None)
 
 
 @contextmanager
 def lock_wait(seconds: float) -> Iterator[None]:
     """Within this block, store statements wait at most ``seconds`` for a lock another client holds
     (0: not at all). Nested blocks keep the shorter bound."""
-    outer = _BOUND.get()
+    outer = LOCK_WAIT.get()
     bound = max(0.0, seconds) if outer is None else min(outer, max(0.0, seconds))
-    token = _BOUND.set(bound)
+    token = LOCK_WAIT.set(bound)
     try:
         yield
     finally:
-        _BOUND.reset(token)
-
-
-def current_lock_wait() -> float | None:
-    """The bound set by the innermost :func:`lock_wait` of this thread, or ``None`` (the store's own)."""
-    return _BOUND.get()
+        LOCK_WAIT.reset(token)

@@ -72,7 +72,9 @@ def _sqlite_writable(path: str) -> bool:
 
 
 @pytest.mark.parametrize("cluster", every_store(), indirect=True)
-def test_paused_past_ttl(cluster: Cluster, request: pytest.FixtureRequest) -> None:
+def test_runs_paused_past_their_lease_are_refused_once_redelivered(
+    cluster: Cluster, request: pytest.FixtureRequest
+) -> None:
     """SIGSTOP runs past their lease, redeliver them elsewhere, SIGCONT: the stale runs are refused."""
     cluster.worker("a", queues=f"{cluster.queue}-a", concurrency=BATCH)
     cluster.worker("b", queues=f"{cluster.queue}-b", concurrency=BATCH)
@@ -103,7 +105,9 @@ def test_paused_past_ttl(cluster: Cluster, request: pytest.FixtureRequest) -> No
 
 
 @pytest.mark.parametrize("cluster", [*every_store(), AND_RABBITMQ], indirect=True)
-def test_killed_mid_body(cluster: Cluster, request: pytest.FixtureRequest) -> None:
+def test_runs_killed_mid_body_are_redelivered_and_taken_over(
+    cluster: Cluster, request: pytest.FixtureRequest
+) -> None:
     """SIGKILL runs mid-body: acks_late + reject_on_worker_lost redeliver them; the new runs take over."""
     worker = cluster.worker(
         "a", concurrency=BATCH, extra=("--fence-recover", "--fence-recover-interval", "1")
@@ -214,7 +218,9 @@ INDETERMINATE = json.dumps(
 
 
 @pytest.mark.parametrize("cluster", every_store(), indirect=True)
-def test_indeterminate_outcomes(cluster: Cluster, request: pytest.FixtureRequest) -> None:
+def test_indeterminate_store_calls_leave_one_ledger_row_and_one_completion_per_key(
+    cluster: Cluster, request: pytest.FixtureRequest
+) -> None:
     """Store calls that fail before acting or act and lose their reply, at every point of a run: each key
     ends with one ledger row committed (with the completion, on SQL) and one completion, every caller gets
     SUCCESS with its result, and ``verify`` is clean."""

@@ -1,8 +1,14 @@
-"""The store-harness fixtures (tests/support/harness_fixtures.py); a test module overrides ``harness`` to
-choose its stores."""
+"""The store-harness fixtures and the ``stores`` mark that chooses a test's stores
+(tests/support/harness_fixtures.py)."""
 
 from __future__ import annotations
 
-from tests.support.harness_fixtures import expire, fence_contract_harness, harness, store
+from tests.support.harness_fixtures import (
+    expire,
+    fence_contract_harness,
+    harness,
+    pytest_generate_tests,
+    store,
+)
 
-__all__ = ["expire", "fence_contract_harness", "harness", "store"]
+__all__ = ["expire", "fence_contract_harness", "harness", "pytest_generate_tests", "store"]

@@ -7,7 +7,7 @@ fields), and after every step each key's ``get()``, steps and history (event, to
 Tokens differ per store (each has its own counter, and ``advance`` moves them apart), so a token is
 compared by identity and order: the n-th token a store granted is token n, wherever it came from. Leases
 expire by the ``expire_all`` rule, which moves each store's stored expiry 10,000 s into the past as the
-contract harnesses do (tests/contract/harness.py); nothing sleeps, and the ttls (30 s, 60 s) are too long
+contract harnesses do (tests/support/harnesses/); nothing sleeps, and the ttls (30 s, 60 s) are too long
 for real time to expire a lease within an example. The memory store's clock ticks 1 ms a step, as real time
 does on the others.
 
@@ -39,8 +39,9 @@ from celery_fence import AlreadyDone, FenceError, Lease, LeaseHeld, LeaseState, 
 from celery_fence.lease import Abandoned, HistoryEvent
 from celery_fence.stores.sql import SQLStore
 
-from .harness import HARNESSES, Harness, _sql_expire, sql_shift
-from .harness_redis import shift as redis_shift
+from ..support.harnesses import HARNESSES, Harness
+from ..support.harnesses.redis import shift as redis_shift
+from ..support.harnesses.sql import _sql_expire, sql_shift
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

@@ -10,7 +10,7 @@ from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, sel
 
 from celery_fence import InvalidArgument, StaleToken, fenced_update
 
-from .harness import pg_schema_store
+from ..support.harnesses.sql import pg_schema_store
 
 metadata = MetaData()
 accounts = Table(

@@ -9,13 +9,9 @@ import pytest
 from celery_fence.stores.base import AdminStore, AuditStore, RecoveryStore, RunStore, lacking
 from celery_fence.testing.contract.run_role import *  # noqa: F403
 
-from .harness import Harness
-from .run_only import RUN_ONLY
+from ..support.harnesses.run_only import RUN_ONLY
 
-
-@pytest.fixture(params=[RUN_ONLY.name])
-def harness() -> Harness:
-    return RUN_ONLY
+pytestmark = pytest.mark.stores(RUN_ONLY.name)
 
 
 def test_the_run_only_store_has_the_run_role_and_no_other() -> None:

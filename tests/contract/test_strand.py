@@ -13,7 +13,7 @@ from celery_fence.testing.contract.checks import TTL
 from celery_fence.testing.contract.strand import REASON, RUN
 
 
-@pytest.mark.parametrize("harness", ["postgresql"], indirect=True)
+@pytest.mark.stores("postgresql")
 def test_a_row_a_runs_transaction_locks_is_left_alone(store: Any) -> None:
     """The statement does not wait behind the holder's open transaction: a locked row is a leased key."""
     lease = store.acquire("k", "a", TTL)

@@ -122,7 +122,7 @@ def sleeper(self: Any, seconds: float) -> str:
     return "slept"
 
 
-# Issue 25, finding 1: an "insert if absent" that catches the duplicate key of its first transaction() block.
+# An "insert if absent" that catches the duplicate key of its first transaction() block.
 UNIQUE = text("INSERT INTO fence_it_unique (key) VALUES (:k)")
 
 
@@ -137,7 +137,7 @@ def insert_if_absent(self: Any, item: str) -> dict[str, Any]:
     return {"item": item, "token": self.fence.token}
 
 
-# Issue 25, finding 7: a step whose function runs after the process knows its lease is lost.
+# A step whose function runs after the process knows its lease is lost.
 @app.task(base=FencedTask, bind=True)
 def send_parcel(self: Any, item: str) -> str:
     first_run = not any(MARKS.glob(f"{self.request.id}.*.started"))
@@ -197,7 +197,7 @@ def chaos(self: Any, item: Any, pause: float = 0.0, hold: bool = False) -> dict[
     return {"item": item, "ledger": written, "token": fence.token, "pid": os.getpid()}
 
 
-# Issue "exactly once per key", point 1: the writes of transaction() commit with the completion, so an
+# The writes of transaction() commit with the completion, so an
 # attempt that wrote and then retried, raised, was killed or returned what cannot be stored leaves none.
 @app.task(base=FencedTask, bind=True, max_retries=3, autoretry_for=(RuntimeError,), default_retry_delay=0)
 def write_then(self: Any, item: Any, how: str, pause: float = 0.0) -> Any:
@@ -232,7 +232,7 @@ def chaos_joined(self: Any, item: Any) -> dict[str, Any]:
     return {**prepared, "token": fence.token}
 
 
-# Issue 13, point 7 (Canvas): a plain task, no fence, that records every run it gets, so a chain step or a
+# For the Canvas tests: a plain task, no fence, that records every run it gets, so a chain step or a
 # chord body dispatched twice shows as two files. ``label`` names the canvas; ``value`` is what it was given
 # (the previous step's result, or the chord's list of part results).
 @app.task(bind=True)
@@ -281,7 +281,7 @@ def _die_after_publishing(headers: dict[str, Any] | None = None, **_: Any) -> No
     _die_publishing("after", headers)
 
 
-# Issue "hardening", point 9: the library's errors cross a real worker's result backend intact.
+# The library's errors cross a real worker's result backend intact.
 @app.task
 def raises(name: str) -> None:
     from celery_fence import errors

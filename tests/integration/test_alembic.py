@@ -17,7 +17,7 @@ from sqlalchemy import MetaData, Table, create_engine, insert, select
 
 import celery_fence.schema
 from celery_fence import StaleToken, fenced_update, open_store
-from tests.contract.harness import pg_schema_store
+from tests.support.harnesses.sql import pg_schema_store
 
 alembic = pytest.importorskip("alembic", reason="alembic is in the dev extra: pip install -e '.[dev]'")
 from alembic import command  # noqa: E402

@@ -118,7 +118,7 @@ def test_reading_a_store_that_does_not_exist_creates_nothing(cli: Cli) -> None:
 
 
 def test_without_an_app_a_missing_store_suggests_naming_one(cli: Cli) -> None:
-    """Issue 15, point 11: without -A, Celery's default app reads the default store URL, which is rarely
+    """Without -A, Celery's default app reads the default store URL, which is rarely
     the app's; the error says so."""
     env = {k: v for k, v in os.environ.items() if k not in ("APP", "CELERY_APP")}
     env["PYTHONPATH"] = str(ROOT)
@@ -208,7 +208,7 @@ def test_release_fences_out_the_holder(cli: Cli, scenario: Scenario) -> None:
 
 
 def test_release_of_a_finished_key_says_that_nothing_is_fenced_out(cli: Cli, scenario: Scenario) -> None:
-    """Issue 27, point 8: a finished key has no holder whose writes could be refused; it stays finished."""
+    """A finished key has no holder whose writes could be refused; it stays finished."""
     asked = cli("release", DONE, stdin="n\n")
     assert asked.returncode == 1
     assert "writes will be refused" not in asked.stdout
@@ -272,7 +272,7 @@ def test_prune_drops_finished_keys_only(cli: Cli, scenario: Scenario) -> None:
 
 
 def test_prune_below_the_redelivery_window_is_refused_unless_forced(cli: Cli, scenario: Scenario) -> None:
-    """Issue 13, point 5: the broker may still redeliver a finished run's message; pruning its key first
+    """The broker may still redeliver a finished run's message; pruning its key first
     would run it again. The floor is fence_prune_min_age, by default the broker's visibility_timeout."""
     before = cli.store()
     try:
@@ -355,7 +355,7 @@ def _abandon(cli: Cli, key: str, task: str) -> None:
 
 
 def test_recover_loads_the_apps_included_modules_and_sends_unknown_tasks_by_name(cli: Cli) -> None:
-    """Issue 19, point 1: a task listed through ``include`` is this app's own; a task of another service is
+    """A task listed through ``include`` is this app's own; a task of another service is
     sent by name all the same. Neither is marked dead."""
     (cli.workdir / "incapp.py").write_text(INCLUDING_APP.format(url=cli.url))
     (cli.workdir / "inctasks.py").write_text(INCLUDED_TASKS)
@@ -392,7 +392,7 @@ def _run(key: str) -> dict[str, Any]:
 
 
 def test_recover_says_which_expired_leases_it_skipped_and_why(cli: Cli) -> None:
-    """Issue 27, point 5: a pass that re-sends nothing while leases show expired says why: expired less
+    """A pass that re-sends nothing while leases show expired says why: expired less
     than --grace ago (the default grace is the ttl), or a copy sent earlier has not started yet. The
     library's own key (the recoverer's, expired too) is never counted."""
     store = cli.store()
@@ -435,7 +435,7 @@ def test_recover_says_which_expired_leases_it_skipped_and_why(cli: Cli) -> None:
 
 
 def test_leases_counts_a_copy_that_completed_or_runs_as_not_lost_and_hides_internal_keys(cli: Cli) -> None:
-    """Issue 27, point 6: operating.md's RECOVERY column counts as lost only copies that started and were
+    """operating.md's RECOVERY column counts as lost only copies that started and were
     lost again; a copy that completed the key, or holds it now, is said so. celery-fence's own keys are
     listed only with --internal, and not counted by verify."""
     store = cli.store()

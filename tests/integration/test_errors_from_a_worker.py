@@ -16,8 +16,8 @@ pytestmark = pytest.mark.integration
     "name", ["LeaseHeld", "AlreadyDone", "LeaseLost", "StaleToken", "StoreUnavailable", "UsageError"]
 )
 def test_the_librarys_errors_cross_a_real_workers_result_backend(cluster: Cluster, name: str) -> None:
-    """Issue "hardening", point 9: raised in a real worker, stored in the Redis result backend (JSON), the
-    client gets the same type with the same fields and message (``LeaseHeld`` arrived garbled)."""
+    """Raised in a real worker and stored in the Redis result backend (JSON), each error reaches the client
+    as the same type with the same fields and message."""
     cluster.worker("a", pool="solo")
     result = raises.delay(name)
     with pytest.raises(getattr(errors, name)) as caught:

@@ -91,7 +91,7 @@ def test_a_takeover_publishes_one_task_fence_takeover(cluster: Cluster, events: 
 def test_flower_keeps_a_requeued_runs_success_without_the_refusal_and_says_the_fence_sent_it_again(
     cluster: Cluster, events: Events
 ) -> None:
-    """Issue 27, point 7: an operator's release under a running task: its write is refused, nobody took the
+    """An operator's release under a running task: its write is refused, nobody took the
     key over, so the run sends itself again (same id) and the copy succeeds. Flower's row (Celery's
     ``State``) ends SUCCESS with no stale ``exception``, not as its own parent or child, ``retries`` 0 (the
     fence's re-send spends none), and says in its result that the fence sent it again."""
@@ -114,7 +114,7 @@ def test_flower_keeps_a_requeued_runs_success_without_the_refusal_and_says_the_f
 def test_flower_keeps_a_busy_keys_success_without_the_retry_exception(
     cluster: Cluster, events: Events
 ) -> None:
-    """Issue 27, point 7: a second task id of a held key looks again (RETRY, ``LeaseHeld``) until the key is
+    """A second task id of a held key looks again (RETRY, ``LeaseHeld``) until the key is
     done; its row ends SUCCESS without that exception and says how often it looked."""
     cluster.worker("a", concurrency=2)
     holder = record_keyed.apply_async(("busy",), {"pause": 3.0})

@@ -1,4 +1,4 @@
-"""Exactly once per key when an attempt wrote and then did not complete (issue "exactly once per key").
+"""Exactly once per key when an attempt wrote and then did not complete.
 
 The writes of ``self.fence.transaction()`` commit together with the run's completion (docs/guarantees.md
 "The rule of `transaction()`"): an attempt that wrote and then called ``self.retry()``, raised into
@@ -67,7 +67,7 @@ def test_a_result_that_cannot_be_stored_leaves_no_write(cluster: Cluster) -> Non
 @pytest.mark.parametrize("cluster", SQL_STORES, indirect=True)
 @pytest.mark.parametrize("outcome", ["lost", "before"])
 def test_a_completion_whose_reply_was_lost_ends_success(cluster: Cluster, outcome: str) -> None:
-    """Review point 2: the commit happened (``lost``) or not (``before``); either way the caller gets
+    """The commit happened (``lost``) or not (``before``); either way the caller gets
     SUCCESS with the result, one effect, and the history holds no refusal and no failed renew."""
     faults = json.dumps([{"method": "commit", "nth": 1, "outcome": outcome}])
     cluster.worker("a", env={"CELERY_FENCE_STORE_FAULTS": faults})

@@ -54,7 +54,7 @@ def test_a_chain_whose_worker_was_killed_mid_run_goes_on_once_recovered(cluster:
 
 
 def test_recovery_is_on_by_default_and_one_worker_at_a_time_runs_it(cluster: Cluster) -> None:
-    """Review point 4: a whole worker SIGKILLed mid-run is recovered without anyone passing
+    """A whole worker SIGKILLed mid-run is recovered without anyone passing
     --fence-recover or running `celery fence recover`; of the workers left, exactly one is elected."""
     interval = ("--fence-recover-interval", "0.5")
     result = _abandoned_by_a_killed_worker(cluster, "abandoned", interval)

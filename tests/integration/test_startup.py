@@ -63,14 +63,14 @@ def test_a_store_url_that_cannot_work_stops_the_worker(cluster: Cluster, url: st
 
 
 def test_a_fatal_start_error_is_printed_once(cluster: Cluster) -> None:
-    """Issue 27, point 8: the CRITICAL line alone, not followed by a bare copy of it on stderr."""
+    """The CRITICAL line alone, not followed by a bare copy of it on stderr."""
     done = start_refused(cluster, {"FENCE_IT_STORE": "nosuchstore://host/db"})
     assert done.returncode == 1
     (critical,) = said(done.stderr, "CRITICAL")
     assert done.stderr.count(critical) == 1, done.stderr
 
 
-# Issue 15 ("the first hour"): what a new user gets wrong shows when the worker starts, in one line.
+# What a new user gets wrong shows when the worker starts, in one line.
 
 STARTUP_APP = "tests.integration.startup_app"
 
@@ -232,5 +232,5 @@ def test_a_metrics_port_in_use_is_one_line(cluster: Cluster) -> None:
         "Address already in use; choose a free port"
     ]
     assert "Traceback" not in done.stderr and "OSError" not in done.stderr
-    # Issue 27, point 8: reported once, at CRITICAL (it stops the worker); no WARNING copy from the exit.
+    # Reported once, at CRITICAL (it stops the worker); no WARNING copy from the exit.
     assert done.stderr.count("Address already in use") == 1, done.stderr

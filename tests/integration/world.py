@@ -18,8 +18,9 @@ from kombu import pools
 from kombu.utils.collections import eqhash
 from sqlalchemy import Engine, text
 
-from tests.contract.harness import HARNESSES, pg_schema_store
 from tests.servers.restartable import restartable_store
+from tests.support.harnesses import HARNESSES
+from tests.support.harnesses.sql import pg_schema_store
 
 from .fenced_app import accounts, ledger
 from .rabbitmq import own_vhost, private_node

@@ -3,7 +3,6 @@ neither, and the attempt that takes over does the effect once (README, guarantee
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 from collections.abc import Iterator
@@ -14,14 +13,13 @@ from sqlalchemy import text
 
 from celery_fence import open_store
 from celery_fence.fence import Fence
-from tests.contract.harness import HARNESSES, Harness
+from tests.support.forked import exit_code_of
+from tests.support.harnesses import Harness
 
 EFFECTS = "fence_test_atomic_effects"
 
 
-@pytest.fixture(params=("sqlite", "postgresql"))
-def harness(request: pytest.FixtureRequest) -> Harness:
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores(transactions=True)
 
 
 @pytest.fixture
@@ -55,17 +53,10 @@ def _rows(store: Any) -> list[tuple[str, int]]:
 def test_a_worker_killed_between_the_writes_and_the_step_record_leaves_one_effect(
     store: Any, harness: Harness, table: str
 ) -> None:
-    ctx = multiprocessing.get_context("fork")
-    killed = ctx.Process(target=_attempt, args=(store.url, True))
-    killed.start()
-    killed.join(60)
-    assert killed.exitcode == -signal.SIGKILL
+    assert exit_code_of(_attempt, store.url, True) == -signal.SIGKILL
     assert _rows(store) == [] and "pay" not in store.steps("order:1")  # neither the write nor the record
     harness.expire_all(store)  # its lease expires; the next attempt takes over
-    again = ctx.Process(target=_attempt, args=(store.url, False))
-    again.start()
-    again.join(60)
-    assert again.exitcode == 0
+    assert exit_code_of(_attempt, store.url, False) == 0
     token = store.get("order:1").token
     assert _rows(store) == [("order:1", token)] and store.steps("order:1") == {"pay": token}
     harness.expire_all(store)

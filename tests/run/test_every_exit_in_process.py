@@ -20,16 +20,13 @@ from celery_fence.recovery import recover_abandoned
 from celery_fence.signals import lease_duplicate
 from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome, wait_for
-from tests.contract.harness import HARNESSES, Harness, harness_params
+from tests.support.harnesses import Harness
 from tests.support.inprocess import memory_app, running_worker
 
-STORES = ("memory", "sqlite", "postgresql")
 EFFECTS = "fence_test_exit_effects"
 
 
-@pytest.fixture(params=harness_params(STORES))
-def harness(request: pytest.FixtureRequest) -> Harness:
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores("memory", transactions=True)
 
 
 class World:
@@ -100,7 +97,7 @@ def test_a_time_limit_while_the_completions_reply_is_due_still_ends_success(
     _interrupted_reply(app, store, world, joined=False)
 
 
-@pytest.mark.parametrize("harness", harness_params(("sqlite", "postgresql")), indirect=True)
+@pytest.mark.stores(transactions=True)
 def test_a_time_limit_while_the_joined_completions_reply_is_due_still_ends_success(
     app: Celery, store: Any, world: World
 ) -> None:

@@ -16,14 +16,12 @@ from sqlalchemy import text
 from celery_fence import LeaseLost, StaleToken
 from celery_fence.fence import Fence
 from celery_fence.lease import Lease
-from tests.contract.harness import HARNESSES, Harness
+from tests.support.harnesses import Harness
 
 PAID = "fence_test_step_payments"
 
 
-@pytest.fixture(params=("sqlite", "postgresql"))
-def harness(request: pytest.FixtureRequest) -> Harness:
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores(transactions=True)
 
 
 @pytest.fixture

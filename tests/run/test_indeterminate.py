@@ -1,4 +1,4 @@
-"""Indeterminate outcomes at every store call of a run, on every store (issue: exactly once per key).
+"""Indeterminate outcomes at every store call of a run, on every store: exactly once per key.
 
 A clean run is recorded first (its store calls in order); then, for every call position and every outcome
 (failed before the store acted, acted with the reply lost, acted late with the reply lost), a fresh key
@@ -29,16 +29,15 @@ from celery_fence.stores.sql import SQLStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome
 from celery_fence.verify import verify_store
 from celery_fence.worker.bootstep import settle_owed_records
-from tests.contract.harness import HARNESSES, Harness, harness_params
+from tests.support.harnesses import Harness
 from tests.support.inprocess import memory_app, running_worker
 
-STORES = ("memory", "sqlite", "postgresql", "redis", "redis_cluster", "etcd_cluster")  # etcd_cluster: marked
 EFFECTS = "fence_test_effects"
 
 
-@pytest.fixture(params=harness_params(STORES))
-def harness(request: pytest.FixtureRequest) -> Harness:
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores(
+    "memory", "sqlite", "postgresql", "redis", "redis_cluster", "etcd_cluster"  # etcd_cluster: under its mark
+)
 
 
 def _expire_one(store: Any, harness: Harness) -> Any:
@@ -128,8 +127,8 @@ def test_every_call_position_and_outcome_leaves_one_effect_and_no_lost_work(
 
 
 def test_a_copy_takes_the_key_back_from_the_attempt_that_sent_it(app: Celery, store: Any) -> None:
-    """Review point 3: a run re-queued itself after an outage and its release failed too, so its copy
-    found the key held by that earlier attempt. Whatever ``fence_on_busy`` says, the copy takes it back at
+    """A run re-queued itself after an outage and its release failed too, so its copy finds the key held
+    by that earlier attempt. Whatever ``fence_on_busy`` says, the copy takes it back at
     once (the attempt named its token in the copy's ``fence_handoff`` header) and does the work."""
     task = app.tasks["indeterminate.pipeline"]
     wrapped: IndeterminateStore = runtime_for(app).store  # type: ignore[assignment]
@@ -146,7 +145,7 @@ def test_a_copy_takes_the_key_back_from_the_attempt_that_sent_it(app: Celery, st
 def test_a_store_outage_at_acquire_is_waited_out_without_spending_max_retries(
     app: Celery, store: Any
 ) -> None:
-    """Issue "recovery and outages", point 6: the store down before the body runs never fails the task:
+    """The store down before the body runs never fails the task:
     the run is sent again with a backoff (not a Celery retry), here three times for a task allowed one."""
     app.tasks["indeterminate.pipeline"].max_retries = 1
     faults = [Fault(Outcome.BEFORE, method="acquire", nth=i) for i in range(1, 10)]  # 3 rounds of 3
@@ -203,7 +202,7 @@ def _given_up(store: Any, task_id: str) -> None:
 
 
 def test_a_run_that_gives_up_waiting_out_the_store_leaves_a_dead_key(app: Celery, store: Any) -> None:
-    """Issue 19: the store answers the record at once (only its acquires failed)."""
+    """The store answers the record at once (only its acquires failed)."""
     result = _give_up(app, [])
     _given_up(store, result.id)
     assert len(runtime_for(app).owed) == 0
@@ -213,7 +212,7 @@ def test_a_run_that_gives_up_waiting_out_the_store_leaves_a_dead_key(app: Celery
 
 
 def test_a_record_the_store_did_not_take_is_written_after_the_next_acquire(app: Celery, store: Any) -> None:
-    """Issue 19: the store is down for the record too, so the process owes it; the next run that acquires
+    """The store is down for the record too, so the process owes it; the next run that acquires
     (another key) writes it, right after its acquire."""
     result = _give_up(app, [Fault(Outcome.BEFORE, method="strand", rate=1.0)])
     assert store.get("order:1") is None and len(runtime_for(app).owed) == 1
@@ -227,7 +226,7 @@ def test_a_record_the_store_did_not_take_is_written_after_the_next_acquire(app: 
 def test_a_record_still_owed_when_the_worker_process_ends_is_logged(
     app: Celery, store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 19: at the end of the process (the worker's shutdown signal) the store still does not take
+    """At the end of the process (the worker's shutdown signal) the store still does not take
     it: one ERROR line names the task id and the key, and nothing is left owed."""
     result = _give_up(app, [Fault(Outcome.BEFORE, method="strand", rate=1.0)])
     settle_owed_records(SimpleNamespace(app=app))

@@ -13,12 +13,8 @@ from sqlalchemy import text
 from celery_fence import LeaseHeld, StoreUnavailable, UsageError
 from celery_fence.fence import Fence
 from celery_fence.testing import wait_for
-from tests.contract.harness import HARNESSES, Harness
 
-
-@pytest.fixture(params=("sqlite", "postgresql"))
-def harness(request: pytest.FixtureRequest) -> Harness:
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores(transactions=True)
 
 
 def test_a_hand_made_rollback_is_refused_and_the_runs_transaction_stays_whole(store: Any) -> None:
@@ -33,7 +29,7 @@ def test_a_hand_made_rollback_is_refused_and_the_runs_transaction_stays_whole(st
     assert store.steps("rolls-back") == {"after": 2}  # the refused rollback undid nothing
 
 
-@pytest.mark.parametrize("harness", ["postgresql"], indirect=True)
+@pytest.mark.stores("postgresql")
 def test_a_paused_holders_session_gives_up_its_transaction_after_one_ttl(store: Any) -> None:
     ttl = 1.5
     fence = Fence(store, store.acquire("paused-bound", "a", ttl), None, ttl)

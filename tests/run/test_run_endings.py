@@ -25,17 +25,10 @@ from celery_fence import FencedTask, LeaseHeld
 from celery_fence._runtime import runtime_for
 from celery_fence.signals import lease_duplicate
 from celery_fence.testing import wait_for
-from tests.contract.harness import Harness
+from tests.support.harnesses import Harness
 from tests.support.inprocess import Gates, memory_app, running_worker
 
-STORES = ("memory", "sqlite", "postgresql", "redis")
-
-
-@pytest.fixture(params=STORES)
-def harness(request: pytest.FixtureRequest) -> Harness:
-    from tests.contract.harness import HARNESSES
-
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores("memory", "sqlite", "postgresql", "redis")
 
 
 @pytest.fixture
@@ -126,8 +119,8 @@ def test_a_copy_of_the_same_task_id_is_absorbed_whatever_the_key_and_policy(
 def test_a_copy_of_a_running_task_id_looks_again_soon_without_spending_retries(
     app: Celery, store: Any, gates: Gates
 ) -> None:
-    """Issue 15, point 10: the copy is sent again after one renew interval (10 s of a 30 s ttl), not the
-    holder's whole remaining ttl, and with its retries unspent: with max_retries=0 it used to be dropped."""
+    """The copy is sent again after one renew interval (10 s of a 30 s ttl), not the holder's whole
+    remaining ttl, and with its retries unspent: with max_retries=0 it is still sent again, not dropped."""
     keyed = app.tasks["endings.keyed"]
     keyed.max_retries = 0
     task_id = str(uuid.uuid4())

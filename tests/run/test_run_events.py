@@ -20,15 +20,13 @@ from celery.signals import before_task_publish
 from celery_fence import FencedTask, LeaseHeld
 from celery_fence._runtime import Renewer, runtime_for
 from celery_fence.testing import wait_for
-from tests.contract.harness import HARNESSES, Harness
+from tests.support.harnesses import Harness
 from tests.support.inprocess import memory_app, running_worker
 
 TTL = 30.0
 
 
-@pytest.fixture(params=("memory", "sqlite"))
-def harness(request: pytest.FixtureRequest) -> Harness:
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores("memory", "sqlite")
 
 
 class Sent:

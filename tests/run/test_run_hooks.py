@@ -18,15 +18,13 @@ from celery_fence import FencedTask, LeaseHeld, StoreUnavailable
 from celery_fence._runtime import Renewer, runtime_for
 from celery_fence.signals import lease_duplicate, lease_lost
 from celery_fence.testing import wait_for
-from tests.contract.harness import HARNESSES, Harness
+from tests.support.harnesses import Harness
 from tests.support.inprocess import Gates, memory_app, running_worker
 
 TTL = 30.0
 
 
-@pytest.fixture(params=("memory", "sqlite"))
-def harness(request: pytest.FixtureRequest) -> Harness:
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores("memory", "sqlite")
 
 
 @pytest.fixture
@@ -167,9 +165,9 @@ def test_a_run_whose_lease_only_lapsed_sends_itself_again_with_recovery_off(
 def test_a_lapsed_run_at_max_retries_is_sent_again_without_spending_a_retry(
     app: Celery, store: Any, gates: Gates, clock: Clock, hooks: list[Seen]
 ) -> None:
-    """Issue 25, finding 3: the fence's own re-send of a refused run nobody took over spends none of the
-    task's max_retries. It used to end Ignore at max_retries with its lease released (an operator's
-    release leaves none to expire), so nothing ever ran the key again."""
+    """The fence's own re-send of a refused run nobody took over spends none of the task's max_retries:
+    at max_retries the run is still sent again, not ended Ignore with its lease released (an operator's
+    release leaves none to expire, so nothing would ever run the key again)."""
     keyed, a, _seen = _start_a(5, app, gates, hooks)
     keyed.max_retries = 0  # a re-queue as a retry would be past max_retries
     runtime = runtime_for(app)
@@ -189,8 +187,8 @@ def test_a_lapsed_run_at_max_retries_is_sent_again_without_spending_a_retry(
 def test_an_operators_release_of_a_run_with_no_retries_left_runs_the_key_again(
     app: Celery, store: Any, gates: Gates, hooks: list[Seen]
 ) -> None:
-    """Issue 25, finding 3, as an operator meets it: `celery fence release KEY` fences the run out; the run
-    sends itself again though max_retries is 0, and the key ends done once."""
+    """An operator's `celery fence release KEY` fences the run out; the run sends itself again though
+    max_retries is 0, and the key ends done once."""
     keyed, a, _seen = _start_a(6, app, gates, hooks)
     keyed.max_retries = 0
     try:
@@ -226,7 +224,7 @@ def test_a_run_the_fence_sent_again_fence_max_resends_times_gives_up_with_a_reco
 def test_on_busy_retry_looks_again_sooner_than_the_holders_ttl_without_spending_retries(
     app: Celery, store: Any, gates: Gates
 ) -> None:
-    """Issue 25, finding 6: a run of another task id finding the key held shows RETRY, is sent again after
+    """A run of another task id finding the key held shows RETRY, is sent again after
     a renew interval (not the holder's whole ttl) with its retries unspent, and ends with the winner's
     result once the holder finishes; after fence_busy_wait it gives up with LeaseHeld."""
     keyed = app.tasks["hooks.keyed"]

@@ -1,8 +1,7 @@
 """The run's transaction on the SQL stores
 (docs/guarantees.md#the-rule-of-transaction-its-writes-commit-with-the-completion): ``transaction()`` blocks
 join one transaction that commits with the run's completion; steps taken after it join it too; a hand-made
-commit is a usage error; the renewer never waits behind a run's own open transaction (issue "hardening",
-point 4)."""
+commit is a usage error; the renewer never waits behind a run's own open transaction."""
 
 from __future__ import annotations
 
@@ -19,16 +18,12 @@ from celery_fence import FencedTask, LeaseHeld, StoreUnavailable, UsageError
 from celery_fence._runtime import Renewer, runtime_for
 from celery_fence.fence import Fence
 from celery_fence.lease import LeasePolicy
-from tests.contract.harness import Harness
+from tests.support.harnesses import Harness
 
 EFFECTS = "fence_test_tx_effects"
 
 
-@pytest.fixture(params=("sqlite", "postgresql"))
-def harness(request: pytest.FixtureRequest) -> Harness:
-    from tests.contract.harness import HARNESSES
-
-    return HARNESSES[request.param]
+pytestmark = pytest.mark.stores(transactions=True)
 
 
 @pytest.fixture
@@ -99,12 +94,12 @@ def test_blocks_steps_and_the_completion_commit_together(app: Celery, store: Any
     assert events == ["acquire", "release", "acquire", "write", "step", "step", "complete"], events
 
 
-@pytest.mark.parametrize("harness", ["postgresql"], indirect=True)
+@pytest.mark.stores("postgresql")
 def test_the_renewer_never_waits_behind_its_own_runs_transaction(
     store: Any, harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Review point 4: one renew of leases A and B waited for the length of A's open transaction. A's run
-    holds its lease row locked: A is alive by that lock, pinned, and left out of the renew; B's renew goes
+    """One renew of leases A and B does not wait out A's open transaction. A's run holds its lease row
+    locked: A is alive by that lock, pinned, and left out of the renew; B's renew goes
     through while A's transaction stays open (PostgreSQL: row locks; SQLite has one writer for the whole
     database, so there B's renew waits for A's commit: see docs/stores.md)."""
     monkeypatch.setattr(Renewer, "_ensure_thread", lambda self: None)  # ticks only when the test says
@@ -128,11 +123,11 @@ def test_the_renewer_never_waits_behind_its_own_runs_transaction(
     assert state is not None and state.done
 
 
-@pytest.mark.parametrize("harness", ["postgresql"], indirect=True)
+@pytest.mark.stores("postgresql")
 def test_a_session_timeout_in_the_callers_statements_is_the_store_unavailable(store: Any) -> None:
-    """Issue "hardening", point 8: a statement cancelled by the session's ``statement_timeout`` inside
-    ``transaction()`` raised SQLAlchemy's raw ``OperationalError`` (the task failed); nothing committed and
-    waiting can heal it, so it is ``StoreUnavailable`` and the run runs again."""
+    """A statement cancelled by the session's ``statement_timeout`` inside ``transaction()`` is
+    ``StoreUnavailable``, not SQLAlchemy's raw ``OperationalError`` (which fails the task): nothing
+    committed and waiting can heal it, so the run runs again."""
     lease = store.acquire("slow", "w", 30.0)
     fence = Fence(store, lease, None, 30.0)
     with pytest.raises(StoreUnavailable, match="nothing of it was committed"), fence.transaction() as conn:
@@ -142,9 +137,9 @@ def test_a_session_timeout_in_the_callers_statements_is_the_store_unavailable(st
     assert [e.event for e in store.history("slow")] == ["acquire"]  # no write: it never committed
 
 
-@pytest.mark.parametrize("harness", ["postgresql"], indirect=True)
+@pytest.mark.stores("postgresql")
 def test_a_paused_holders_transaction_blocks_a_takeover_for_one_ttl_at_most(store: Any) -> None:
-    """Issue "exactly once per key", point 1: the run's transaction holds the lease row locked until its
+    """The run's transaction holds the lease row locked until its
     completion; a holder that stops after writing (here: simply goes idle) is ended by the server once it
     sat idle for the lease ttl (``idle_in_transaction_session_timeout``, set to the ttl in the run's
     transaction), its writes roll back, and the next acquire takes over."""

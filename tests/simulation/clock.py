@@ -2,7 +2,7 @@
 program, one that reports the run's decisions).
 
 Store time, the workers' monotonic time and wall time are one number here (``FakeClock``); a sleep moves it
-at once. Main is being refactored so that ``FenceRuntime`` carries ``clock`` and ``sleep`` (issue 25): when
+at once. Main is being refactored so that ``FenceRuntime`` carries ``clock`` and ``sleep``: when
 it does, :func:`install_clock` sets those; on older code it patches the ``time`` name of the modules that
 read it directly (``run.py``, ``task.py``, ``fence.py``).
 """

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from celery_fence.stores import open_store
-from tests.contract.harness import pg_schema_store
+from tests.support.harnesses.sql import pg_schema_store
 
 from .sim import Simulator
 

@@ -1,6 +1,6 @@
-"""The findings of issue 25 (and those the simulation found besides, FINDINGS-8908ba9.md) as programs
-written by hand: each names its decisions by label (``chooser.Scripted``), so it keeps meaning the same
-thing when the run's code makes other store calls than it did on 8908ba9."""
+"""The findings of FINDINGS-8908ba9.md (the eight the simulation was written for, and those it found
+besides) as programs written by hand: each names its decisions by label (``chooser.Scripted``), so it
+keeps meaning the same thing when the run's code makes other store calls than it did on 8908ba9."""
 
 from __future__ import annotations
 

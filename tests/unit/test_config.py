@@ -21,12 +21,12 @@ def test_an_empty_conf_gives_the_documented_defaults() -> None:
     assert config.send_events is True
 
 
-def test_none_means_unset() -> None:
+def test_a_setting_of_none_reads_as_unset() -> None:
     conf = {name: None for name in DEFAULTS}
     assert FenceConfig.from_conf(conf) == FenceConfig.from_conf({})
 
 
-def test_settings_are_read() -> None:
+def test_every_fence_setting_given_is_read() -> None:
     config = FenceConfig.from_conf(
         {
             "fence_store_url": "memory://",

@@ -17,7 +17,9 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.parametrize("value", [None, ""], ids=["unset", "empty"])
-def test_off_by_default(value: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failpoints_are_off_when_their_folder_is_unset_or_empty(
+    value: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Unset (or empty), no folder is read: a block file where an "on" failpoint would look (here, the
     working directory) neither blocks the point nor gets a ``reached`` file."""
     if value is None:

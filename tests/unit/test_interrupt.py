@@ -109,10 +109,9 @@ def test_a_run_is_interrupted_once_per_arming() -> None:
 
 
 def test_an_interrupt_never_lands_after_the_body_was_left() -> None:
-    """Review point 8: the threads pool's async exception was set after the armed check, outside the lock,
-    so it could land after the run left its body (in the completion, the tracer, the next task). Fired
-    without pause against a thread that arms and disarms without pause, it lands inside the body or not
-    at all."""
+    """The threads pool's async exception never lands after the run left its body (in the completion, the
+    tracer, the next task): fired without pause against a thread that arms and disarms without pause, it
+    lands inside the body or not at all."""
     interrupter, fence = Interrupter(), _fence()
     fence.mark_lost("taken over")
     current: dict[str, int] = {}

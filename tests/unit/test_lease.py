@@ -77,7 +77,7 @@ def test_busy_countdown_waits_for_the_remaining_ttl() -> None:
 
 
 def test_a_copy_of_a_running_task_id_looks_again_soon_then_less_often() -> None:
-    """Issue 15, point 10: a renew interval, doubled each look, capped at the holder's remaining ttl."""
+    """A renew interval, doubled each look, capped at the holder's remaining ttl."""
     policy = LeasePolicy(30)  # renew interval 10 s
     assert [policy.look_again_countdown(29.0, looks) for looks in range(4)] == [10.0, 20.0, 29.0, 29.0]
     assert policy.look_again_countdown(4.0, 0) == 4.0  # the holder's lease runs out sooner

@@ -141,7 +141,7 @@ def test_an_eager_run_that_gives_up_owes_no_record(app: Celery, monkeypatch: pyt
 def test_a_store_without_the_recovery_role_owes_no_record_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from tests.contract.run_only import RunOnlyStore
+    from tests.support.harnesses.run_only import RunOnlyStore
 
     records = OwedRecords()
     records.write(RunOnlyStore(), record(1))  # type: ignore[arg-type]  # a run role only

@@ -187,7 +187,7 @@ def test_a_task_sent_through_an_app_not_under_test_fails_the_test_naming_it(
 
 
 def test_the_testing_module_exports_only_its_public_names() -> None:
-    """Issue 27, point 8: neither ``pytest`` nor ``annotations`` (the ``__future__`` feature) is a name of
+    """Neither ``pytest`` nor ``annotations`` (the ``__future__`` feature) is a name of
     ``celery_fence.testing``, in ``dir()`` or through ``import *``; what it shows is ``__all__`` and the
     two names pytest looks up on a plugin module."""
     # (pytest's assertion rewriting adds "@py_builtins" and "@pytest_ar" to a plugin module: not names; an

@@ -39,7 +39,7 @@ def test_fence_recover_and_the_worker_option_decide_whether_the_step_runs(
 def test_a_store_without_the_recovery_role_gets_no_recovery_pass(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tests.contract.run_only import RunOnlyStore
+    from tests.support.harnesses.run_only import RunOnlyStore
 
     monkeypatch.setattr(stores, "entry_points", lambda *, group: [_EntryPoint("runonly", RunOnlyStore)])
     worker = _worker({"fence_store_url": "runonly://"})

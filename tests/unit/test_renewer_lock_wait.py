@@ -11,7 +11,7 @@ from celery_fence._runtime import Renewer
 from celery_fence.errors import StoreUnavailable
 from celery_fence.lease import Lease, LeasePolicy
 from celery_fence.stores.memory import MemoryStore
-from celery_fence.stores.waits import current_lock_wait, lock_wait
+from celery_fence.stores.waits import LOCK_WAIT, lock_wait
 from celery_fence.testing import FakeClock
 
 
@@ -25,7 +25,7 @@ class Bounds:
         monkeypatch.setattr(store, "renew", self)
 
     def __call__(self, leases: Sequence[Lease], ttl: float) -> list[Lease]:
-        self.seen.append(([lease.key for lease in leases], current_lock_wait()))
+        self.seen.append(([lease.key for lease in leases], LOCK_WAIT.get()))
         if self.fail:
             raise StoreUnavailable("the write lock is held by another process")
         return self.real(leases, ttl)
@@ -98,17 +98,17 @@ def test_the_bound_holds_only_inside_the_renew(
     mono.advance(4.0)
     renewer.tick()
     assert bounds.seen[-1][1] is not None
-    assert current_lock_wait() is None
+    assert LOCK_WAIT.get() is None
 
 
 def test_nested_bounds_keep_the_shorter_and_none_is_below_zero() -> None:
     with lock_wait(2.0):
         with lock_wait(5.0):
-            assert current_lock_wait() == 2.0
+            assert LOCK_WAIT.get() == 2.0
         with lock_wait(-1.0):
-            assert current_lock_wait() == 0.0
-        assert current_lock_wait() == 2.0
-    assert current_lock_wait() is None
+            assert LOCK_WAIT.get() == 0.0
+        assert LOCK_WAIT.get() == 2.0
+    assert LOCK_WAIT.get() is None
 
 
 @pytest.mark.parametrize(

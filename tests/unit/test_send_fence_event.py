@@ -93,7 +93,7 @@ def test_a_broker_that_does_not_answer_drops_the_event_with_a_log_line(
 def test_the_log_line_of_an_absorbed_delivery_says_what_happened(
     caplog: pytest.LogCaptureFixture, reason: str, token: int, detail: str | None, says: str
 ) -> None:
-    """Issue 27, point 8: never "held (token 0)": a delivery absorbed before it acquired has no token."""
+    """Never "held (token 0)": a delivery absorbed before it acquired has no token."""
     from celery_fence.task import _Host
 
     task, _ = _task(True)

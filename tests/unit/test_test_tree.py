@@ -1,8 +1,8 @@
 """The test tree keeps its shape: no module of it imports a test module or a conftest (shared support lives in
-conftest fixtures, tests/support/ or tests/servers/), and tests/contract holds test modules, its conftest and
-the harnesses the contract suite needs, nothing else (server processes are in tests/servers/); tests/stores/*
-and tests/run hold test modules and their conftest only. No two test
-modules share a file name, so a name found in a report, a claim or a traceback points at one file.
+conftest fixtures, tests/support/ or tests/servers/); tests/contract, tests/stores/* and tests/run hold test
+modules and their conftest only (the store harnesses are in tests/support/harnesses/, server processes in
+tests/servers/). No two test modules share a file name, so a name found in a report, a claim or a traceback
+points at one file.
 
 Read from the source with ``ast``: every ``import`` and ``from ... import``, at any depth, relative ones
 resolved.
@@ -11,34 +11,25 @@ resolved.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 
-# The modules of tests/contract that are neither a test module nor a conftest, each with why it is there.
-CONTRACT_HARNESSES = {
-    "harness": "every store's harness, the HARNESSES the contract suite runs on",
-    "harness_etcd": "the etcd store's harness",
-    "harness_etcd_cluster": "the 3-member etcd cluster's harness",
-    "harness_pgha": "the PostgreSQL primary-and-standby harness (make contract-pg-ha)",
-    "harness_redis": "the Redis store's harness",
-    "harness_redis_cluster": "the Redis Cluster store's harness",
-    "run_only": "the run-role-only store's harness (test_store_contract.py)",
-}
-
 # What each folder of tests/ may import from the other folders (docs/architecture.md, "The test tree").
 MAY_IMPORT = {
-    "support": {"contract"},
+    "support": {"servers"},
     "servers": {"support"},
-    "unit": {"contract"},
+    "unit": {"support"},
     "contract": {"servers", "support"},
-    "stores": {"contract", "servers", "support"},
-    "run": {"contract", "support"},
-    "integration": {"contract", "servers", "support"},
+    "stores": {"servers", "support"},
+    "run": {"support"},
+    "integration": {"servers", "support"},
     "chaos": {"integration", "servers"},
-    "simulation": {"contract"},
+    "simulation": {"support"},
+    "django_app": {"support"},
     "mutation": set(),
 }
 
@@ -94,7 +85,7 @@ def imports_across_folders(top: Path = ROOT) -> list[str]:
     return found
 
 
-def contract_helpers(directory: Path = TESTS / "contract") -> set[str]:
+def helper_modules(directory: Path) -> set[str]:
     """The modules of ``directory`` that are neither a test module, a conftest nor its ``__init__``."""
     names = {path.stem for path in directory.glob("*.py")}
     return {name for name in names if not name.startswith("test_") and name not in ("conftest", "__init__")}
@@ -129,25 +120,29 @@ def test_an_import_of_a_test_module_or_a_conftest_is_found(tmp_path: Path) -> No
     ]
 
 
-def test_tests_contract_holds_only_test_modules_its_conftest_and_the_contract_harnesses() -> None:
-    assert contract_helpers() == set(CONTRACT_HARNESSES)
-
-
-def test_tests_stores_and_tests_run_hold_only_test_modules_and_their_conftest() -> None:
+def test_tests_contract_stores_and_run_hold_only_test_modules_and_their_conftest() -> None:
     stores = TESTS / "stores"
     folders = [
+        TESTS / "contract",
         stores,
         *sorted(p for p in stores.iterdir() if p.is_dir() and p.name != "__pycache__"),
         TESTS / "run",
     ]
     assert [str(f.relative_to(TESTS)) for f in folders] == [
+        "contract",
         "stores",
         "stores/etcd",
         "stores/redis",
         "stores/sql",
         "run",
     ]
-    assert {str(f.relative_to(TESTS)): helpers for f in folders if (helpers := contract_helpers(f))} == {}
+    assert {str(f.relative_to(TESTS)): helpers for f in folders if (helpers := helper_modules(f))} == {}
+
+
+def test_a_helper_module_beside_the_test_modules_is_found(tmp_path: Path) -> None:
+    for name in ("__init__.py", "conftest.py", "test_a.py", "harness.py"):
+        (tmp_path / name).write_text("")
+    assert helper_modules(tmp_path) == {"harness"}
 
 
 def test_each_folder_imports_only_the_folders_the_architecture_page_allows() -> None:
@@ -180,3 +175,61 @@ def test_two_test_modules_of_one_name_are_found(tmp_path: Path) -> None:
     assert shared_test_module_names(tmp_path) == {
         "test_events.py": ["tests/integration/test_events.py", "tests/unit/test_events.py"]
     }
+
+
+def harness_fixtures_outside_support(top: Path = ROOT) -> list[str]:
+    """``file:line`` of each function named ``harness`` under ``top``/tests but in
+    tests/support/harness_fixtures.py: a test chooses its stores with the ``stores`` mark, not by its own
+    ``harness`` fixture."""
+    found = []
+    for path in sorted((top / "tests").rglob("*.py")):
+        if path.relative_to(top).as_posix() == "tests/support/harness_fixtures.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef) and node.name == "harness":
+                found.append(f"{path.relative_to(top)}:{node.lineno}")
+    return found
+
+
+def test_no_test_module_chooses_its_stores_by_a_harness_fixture_of_its_own() -> None:
+    assert harness_fixtures_outside_support() == []
+
+
+def test_a_harness_fixture_of_a_test_modules_own_is_found(tmp_path: Path) -> None:
+    (tmp_path / "tests" / "run").mkdir(parents=True)
+    module = "import pytest\n\n@pytest.fixture\ndef harness():\n    pass\n"
+    (tmp_path / "tests" / "run" / "test_a.py").write_text(module)
+    assert harness_fixtures_outside_support(tmp_path) == ["tests/run/test_a.py:4"]
+
+
+# A citation of where a test came from (an issue's number or title, a review's point): a test's docstring or
+# comment says what it holds instead. This module's own examples of it are left out.
+CITATION = re.compile(r"\b[Ii]ssue\s*[\d\"':]|\b[Rr]eview\s+point|\bpoint\s+\d")
+
+
+def citations(top: Path = ROOT) -> list[str]:
+    """``file:line`` of each line of a Python module under ``top``/tests that cites an issue or a review
+    point."""
+    return [
+        f"{path.relative_to(top)}:{number}"
+        for path in sorted((top / "tests").rglob("*.py"))
+        if path.resolve() != Path(__file__).resolve()
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if CITATION.search(line)
+    ]
+
+
+def test_no_test_docstring_or_comment_cites_an_issue_or_a_review_point() -> None:
+    assert citations() == []
+
+
+def test_a_citation_of_an_issue_or_a_review_point_is_found(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    lines = [
+        '"""Issue 27, point 8: said once."""',
+        "# Review point 4: never waits",
+        '"""Exactly once per key (issue: exactly once per key)."""',
+        "x = 1  # an issued token, at a point of its own",
+    ]
+    (tmp_path / "tests" / "test_a.py").write_text("\n".join(lines) + "\n")
+    assert citations(tmp_path) == ["tests/test_a.py:1", "tests/test_a.py:2", "tests/test_a.py:3"]

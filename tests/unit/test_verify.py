@@ -190,7 +190,7 @@ def test_an_empty_history_is_clean(store: MemoryStore) -> None:
 
 
 def test_transaction_writes_committed_under_two_tokens_are_a_repeated_write() -> None:
-    """Issue "exactly once per key": ``transaction()`` writes commit with the completion, so one life of a
+    """``transaction()`` writes commit with the completion, so one life of a
     key holds the writes of one token; two attempts' writes both kept is a repeated effect (what an
     attempt that wrote and then retried left behind before its writes joined the completion)."""
     assert verify(_events("acquire", "write", "write", "complete")) == []  # two blocks of one run

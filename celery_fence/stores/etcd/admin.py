@@ -7,7 +7,7 @@ import json
 
 from ...errors import InvalidArgument
 from ...lease import MAX_TOKEN, Lease
-from ..validation import past_the_range
+from ..base import past_the_range
 from . import gateway as etcd
 from .keyspace import Keyspace
 

@@ -12,8 +12,8 @@ from redis.connection import URL_QUERY_ARGUMENT_PARSERS
 from redis.exceptions import ClusterError, NoPermissionError, RedisClusterException, TryAgainError
 
 from ... import errors
+from ..base import out_of_tokens
 from ..urls import mask_url
-from ..validation import out_of_tokens
 
 __all__ = ["USAGE", "split_url", "translated"]
 

@@ -24,7 +24,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from ...lease import MAX_TOKEN, HistoryEvent
-from ..validation import past_the_range
+from ..base import past_the_range
 from .connection import Connection, client_options
 from .names import KeyNames
 from .rows import merged_events, source

@@ -3,6 +3,7 @@ scripts, and the one connection held for scripts on one server; every call insid
 
 from __future__ import annotations
 
+import select
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,7 +14,6 @@ from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.retry import Retry
 
-from ..liveness import idle_socket_is_readable
 from .boundary import translated
 from .rows import source
 
@@ -84,12 +84,21 @@ class Connection:
         return script
 
     def _held_client(self, client: redis.Redis) -> redis.Redis:
-        """The held connection, checked as the pool checks one it hands out (but by one poll of its socket,
-        see ``liveness``): one that the server closed is connected again."""
+        """The held connection, checked as the pool checks one it hands out, but by one ``poll`` of its
+        socket rather than a round trip: an idle connection the server closed (a restart, ``CLIENT KILL``,
+        an idle timeout) has the goodbye or EOF waiting on it, and is connected again before a script is
+        sent on it (a script that fails in flight may have run: it cannot simply be sent again)."""
         if self._held is None:
             self._held = redis.Redis(connection_pool=client.connection_pool, single_connection_client=True)
         conn = self._held.connection
         sock = getattr(conn, "_sock", None)  # None: not connected, the next command connects
-        if conn is not None and sock is not None and idle_socket_is_readable(sock.fileno()):
+        if conn is not None and sock is not None and _readable(sock.fileno()):
             conn.disconnect()  # type: ignore[no-untyped-call]  # the next command connects again
         return self._held
+
+
+def _readable(fd: int) -> bool:
+    """True when the idle socket ``fd`` has data or EOF waiting: its server closed it."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))

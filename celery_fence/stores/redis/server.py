@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import redis
 
 from ...lease import HistoryEvent
-from ..validation import past_the_range
+from ..base import past_the_range
 from .connection import Connection, client_options
 from .names import KeyNames
 from .rows import chunks, history_events

@@ -1,8 +1,10 @@
 """The SQL store (PostgreSQL and SQLite on SQLAlchemy Core): ``store`` (the operations), ``queries`` (every
-statement), ``statements`` (the guard, the refusal and the parameters that the store and a run's
-transaction share), ``schema`` (the ``fence_*`` tables), ``engine`` (engines, error mapping), ``driver``
-(the hot statements on a held connection), ``run`` (a run's transaction), ``recovery``, ``lock``
-(SQLite's write lock), ``rows``, and ``url`` (every check of a store URL, before it connects)."""
+statement's text), ``statements`` (what the statements take and give back: the guard, the refusal and the
+parameters that the store and a run's transaction share), ``driver`` (how a statement reaches the
+database: the connections, each checked before use, and where driver errors are caught), ``engine`` (how an
+engine is made), ``errors`` (what a driver error means), ``schema`` (the ``fence_*`` tables), ``run`` (a
+run's transaction), ``session`` (the ORM session on it), ``recovery``, and ``url`` (every check of a
+store URL, before it connects)."""
 
 from .store import SQLStore
 

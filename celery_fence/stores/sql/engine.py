@@ -1,4 +1,5 @@
-"""Engines for the SQL store (its errors become celery-fence errors in ``errors``).
+"""How the SQL store's engines are made: the database's session settings, the pools, and what a
+connection is set to when it opens (each use of one is guarded in ``driver``).
 
 A store has two engines on the same database and session settings: one for explicit transactions, and one
 in autocommit for the single statements (no ``BEGIN``/``COMMIT`` around them, and no reset ``ROLLBACK``
@@ -6,10 +7,8 @@ when a connection goes back to the pool: with no transaction there is nothing to
 
 PostgreSQL sessions carry timeouts so that a paused holder cannot block a takeover for ever
 (``idle_in_transaction_session_timeout``, ``lock_timeout``, ``statement_timeout``) and a dead link fails fast
-(``tcp_user_timeout``, keepalives), and a pooled connection that the server ended while it sat idle is
-replaced before a statement is sent on it (``_drop_if_ended``). SQLite runs in WAL mode with
-``busy_timeout`` (shortened per thread by ``waits.lock_wait``: ``lock``) and opens its transactions
-with ``BEGIN IMMEDIATE`` (a deferred transaction that reads then writes fails with "database is locked").
+(``tcp_user_timeout``, keepalives). SQLite runs in WAL mode, with ``synchronous=FULL`` and the store's
+``busy_timeout`` (``SessionLimits.lock``).
 """
 
 from __future__ import annotations
@@ -19,24 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.exc import (
-    InvalidatePoolError,
-    NoSuchModuleError,
-)
+from sqlalchemy.exc import NoSuchModuleError
 
 from ...errors import ConfigurationError
-from ..liveness import idle_socket_is_readable
 from ..urls import mask_url
-from .errors import read_only
-from .lock import apply_busy_timeout, remember_busy_limit
 from .url import check_sql_url
 
-__all__ = [
-    "SessionLimits",
-    "create_store_engine",
-    "ended_while_idle",
-    "on_read_only_server",
-]
+__all__ = ["SessionLimits", "create_store_engine"]
 
 
 @dataclass(frozen=True)
@@ -90,46 +78,9 @@ def _postgres_engine(url: Any, limits: SessionLimits, autocommit: bool) -> Engin
     }
     # The single statements are the hot path (a run's thread and the renewer); transactions are rarer.
     pool_size = 2 if autocommit else 1
-    engine = create_engine(
+    return create_engine(
         url, connect_args=connect_args, pool_size=pool_size, max_overflow=8, **_pool_options(autocommit)
     )
-    event.listen(engine, "checkout", _drop_if_ended)
-    event.listen(engine, "handle_error", _read_only_is_a_disconnect)
-    return engine
-
-
-def ended_while_idle(dbapi_conn: Any) -> bool:
-    """Whether the server ended this idle connection (see ``liveness``). A connection without a socket
-    (SQLite) has no server to end it."""
-    fileno = getattr(dbapi_conn, "fileno", None)
-    if fileno is None:
-        return False
-    try:
-        return idle_socket_is_readable(fileno())
-    except Exception:  # the driver already knows it is closed
-        return True
-
-
-def on_read_only_server(dbapi_conn: Any) -> bool:
-    """Whether the server says it takes no writes: a standby (``in_hot_standby``), or a server fenced off
-    for a failover (``default_transaction_read_only``). PostgreSQL 14+ reports both to the client at
-    connect and on every change, so this costs no round trip; older servers report neither."""
-    info = getattr(dbapi_conn, "info", None)
-    status = getattr(info, "parameter_status", None)
-    if status is None:
-        return False
-    return "on" in (status("in_hot_standby"), status("default_transaction_read_only"))
-
-
-def _drop_if_ended(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
-    """On checkout, replace a connection that the server ended while it sat in the pool, and every
-    connection pooled before it (they were most likely ended together), before a statement is sent on it:
-    a statement that failed there could not be told apart from one that ran and lost its reply. Likewise
-    one on a read-only server: its reads may be behind the primary's, its writes fail."""
-    if ended_while_idle(dbapi_conn):
-        raise InvalidatePoolError("the server ended a pooled connection while it was idle")
-    if on_read_only_server(dbapi_conn):
-        raise InvalidatePoolError("a pooled connection's server is read-only (a standby?)")
 
 
 def _sqlite_engine(url: Any, limits: SessionLimits, autocommit: bool) -> Engine:
@@ -140,23 +91,6 @@ def _sqlite_engine(url: Any, limits: SessionLimits, autocommit: bool) -> Engine:
     def _on_connect(dbapi_conn: sqlite3.Connection, record: Any) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (SQLAlchemy's documented pattern)
         dbapi_conn.execute("PRAGMA journal_mode=WAL")
-        remember_busy_limit(dbapi_conn, record.info, limits.lock)
         dbapi_conn.execute("PRAGMA synchronous=FULL")  # a lost commit could rewind the token counter
 
-    @event.listens_for(engine, "checkout")
-    def _bound_lock_wait(dbapi_conn: sqlite3.Connection, record: Any, _proxy: Any) -> None:
-        apply_busy_timeout(dbapi_conn, record.info)  # this thread's lock_wait(), if shorter
-
-    if not autocommit:
-
-        @event.listens_for(engine, "begin")
-        def _on_begin(conn: Any) -> None:
-            if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
-
     return engine
-
-
-def _read_only_is_a_disconnect(context: Any) -> None:
-    if read_only(context.original_exception):
-        context.is_disconnect = True  # SQLAlchemy then invalidates the connection and its pool

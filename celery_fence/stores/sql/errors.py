@@ -1,9 +1,10 @@
-"""The SQL store's one error boundary: what its drivers (psycopg, sqlite3) raise, directly or wrapped by
-SQLAlchemy, becomes a celery-fence error here and nowhere else.
+"""What the SQL store's drivers (psycopg, sqlite3) raise means, as a celery-fence error: decided here and
+nowhere else.
 
 A driver error is read for what it says (its SQLSTATE, its PEP 249 class, whether the connection was lost)
-the same way whichever path it came by: SQLAlchemy's statements, or the hot statements sent on the driver's
-own cursor (``driver``), which are not wrapped first.
+the same way whichever path it came by: wrapped by SQLAlchemy, or raw from the driver's own cursor. Both are
+caught where statements are sent (``driver``) and handed here; the caller's own statements in a fenced
+transaction keep their errors, except what waiting heals (:func:`user_statement_errors`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError, StatementError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from ...errors import ConfigurationError, FenceError, InvalidArgument, StoreUnavailable, TokenRewound
+from ..base import out_of_tokens
 from ..urls import mask_url
-from ..validation import out_of_tokens
-from .lock import is_locked, locked_message
 from .schema import RANGE_EXHAUSTED
 
 __all__ = [
@@ -27,7 +28,6 @@ __all__ = [
     "not_sent",
     "read_only",
     "safe_url",
-    "translate_errors",
     "user_statement_errors",
 ]
 
@@ -52,21 +52,6 @@ def read_only(exc: BaseException) -> bool:
     primary made read-only for a failover. The connection is replaced like a lost one, so the next
     statement asks libpq for the read-write server of the URL again."""
     return getattr(exc, "sqlstate", None) == READ_ONLY
-
-
-@contextmanager
-def translate_errors(url: str) -> Iterator[None]:
-    """Translate SQLAlchemy and driver exceptions; nothing else may leak to callers."""
-    try:
-        yield
-    except FenceError:
-        raise
-    except DBAPIError as exc:
-        raise driver_error(url, exc.orig or exc, exc.connection_invalidated) from exc
-    except StatementError as exc:  # the driver could not even send a parameter: the value is the problem
-        raise not_sent(url, exc.orig if exc.orig is not None else exc) from exc
-    except SQLAlchemyError as exc:
-        raise StoreUnavailable(f"fence store {safe_url(url)} failed: {exc}") from exc
 
 
 # The caller's statements in a fenced transaction fail for these without any fault of theirs: the
@@ -103,8 +88,8 @@ def driver_error(url: str, orig: BaseException, lost: bool) -> FenceError:
     code = getattr(orig, "sqlstate", None)
     if code == "55P03":
         return RowLocked(f"fence store {safe_url(url)}: a row is locked: {message}")
-    if is_locked(orig):  # SQLite's busy timeout ran out: another process holds the write lock
-        return StoreUnavailable(locked_message(url))
+    if _is_locked(orig):  # SQLite's busy timeout ran out: another process holds the write lock
+        return StoreUnavailable(_locked_message(url))
     refused = _connection_refused_for_good(str(orig))
     if refused is not None:
         return ConfigurationError(f"fence store {safe_url(url)}: {refused}")
@@ -170,3 +155,30 @@ def _is_a(orig: BaseException, pep249_class: str) -> bool:
 def safe_url(url: str) -> str:
     """``url`` with its password hidden, for messages."""
     return mask_url(url)
+
+
+# -- SQLite's write lock --
+
+_SQLITE_BUSY = 5  # the primary result code; the extended ones (BUSY_RECOVERY...) keep it in the low byte
+
+
+def _is_locked(orig: BaseException | None) -> bool:
+    """Whether SQLite gave up waiting for a lock (``SQLITE_BUSY`` and its extended codes)."""
+    if not isinstance(orig, sqlite3.OperationalError):
+        return False
+    code = getattr(orig, "sqlite_errorcode", None)
+    return (code & 0xFF) == _SQLITE_BUSY if code is not None else "database is locked" in str(orig)
+
+
+def _locked_message(url: str) -> str:
+    """Names the cause and where to look, for a ``StoreUnavailable``."""
+    try:
+        path = make_url(url).database or "the database file"
+    except Exception:  # a URL SQLAlchemy parsed to connect parses again; never fail a message
+        path = "the database file"
+    return (
+        f"fence store {mask_url(url)}: the SQLite database is locked by another process's open transaction "
+        "(a stopped or slow worker?): gave up waiting for its write lock, nothing was written. Find the "
+        f"process holding {path} open (fuser {path}) and let it finish, resume it (kill -CONT) or stop it; "
+        "then run this again (a worker retries by itself)"
+    )

@@ -9,7 +9,7 @@ from typing import Any
 
 from ... import codec
 from ...lease import Abandoned
-from .connections import Connections
+from .driver import Connections
 from .errors import RowLocked
 
 __all__ = ["SQLRecovery"]

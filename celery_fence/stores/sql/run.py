@@ -23,7 +23,8 @@ from sqlalchemy.exc import DBAPIError
 from ..._failpoints import failpoint
 from ...errors import StaleToken, StoreUnavailable, UsageError
 from ...lease import Lease
-from .errors import translate_errors, user_statement_errors
+from .driver import translate_errors
+from .errors import user_statement_errors
 from .statements import LeaseStatements
 
 __all__ = ["RunTransaction"]
@@ -144,7 +145,8 @@ class RunTransaction:
         """Roll back the failed block: to its savepoint, or (the first block) the whole transaction."""
         if savepoint is not None and self.conn is not None and not self.conn.invalidated:
             try:
-                savepoint.rollback()
+                if savepoint.is_active:  # else an ORM session's failed flush already rolled it back
+                    savepoint.rollback()
                 return
             except DBAPIError:
                 pass

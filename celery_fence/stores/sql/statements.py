@@ -1,22 +1,27 @@
-"""The statements of a fenced write on the lease row, shared by the store's operations (``store``) and a
-run's transaction (``run``): the guard that checks and locks the row, the recorded refusal, and the
-parameters of an event and of a step. The store creates one and hands it to each run's transaction, so
-neither reaches into the other.
+"""What the SQL store's statements take and give back (their text is ``queries``).
+
+:class:`LeaseStatements` holds the statements of a fenced write on the lease row, shared by the store's
+operations (``store``) and a run's transaction (``run``): the guard that checks and locks the row, the
+recorded refusal, and the parameters of an event, a completion and a step. The store creates one and hands
+it to each run's transaction, so neither reaches into the other. The store's own shapes follow it: a
+renew's parameters and a lease row's state.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Row
 
 from ... import codec
 from ...errors import StaleToken
-from ...lease import Lease
-from .connections import Connections
+from ...lease import Lease, LeaseState
+from .driver import Connections
 from .errors import safe_url
 
-__all__ = ["LeaseStatements"]
+__all__ = ["LeaseStatements", "lease_state", "renew_params"]
 
 
 class LeaseStatements:
@@ -68,3 +73,27 @@ class LeaseStatements:
         """Step ``name``'s record: ``value`` encoded (``NotSerializable`` before any statement)."""
         value_text = codec.dumps(value, self.max_value_bytes)
         return {"key": lease.key, "name": name, "token": lease.token, "value": value_text}
+
+
+def renew_params(dialect: str, leases: Sequence[Lease], ttl: float) -> dict[str, Any]:
+    """The ``(key, token)`` pairs in one parameter: two arrays on PostgreSQL, JSON on SQLite."""
+    if dialect == "postgresql":
+        return {"keys": [x.key for x in leases], "tokens": [x.token for x in leases], "ttl": ttl}
+    return {"pairs": json.dumps([[x.key, x.token] for x in leases]), "ttl": ttl}
+
+
+def lease_state(row: Row[Any]) -> LeaseState:
+    expires_in = None if row.expires_in is None else float(row.expires_in)
+    result = codec.loads(row.result)
+    return LeaseState(
+        row.key,
+        int(row.token),
+        row.owner,
+        expires_in,
+        bool(row.done),
+        result,
+        row.dead,
+        int(row.recoveries),
+        int(row.recovery_sent),
+        run=codec.loads(row.run) if row.run else None,
+    )

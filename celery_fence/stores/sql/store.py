@@ -18,15 +18,14 @@ from sqlalchemy import Connection
 from ... import codec
 from ...errors import AlreadyDone, InvalidArgument, LeaseHeld
 from ...lease import Abandoned, HistoryEvent, Lease, LeaseState
+from ..base import past_the_range
 from ..capabilities import Capabilities
-from ..validation import past_the_range
-from .connections import Connections
+from .driver import Connections, translate_errors
 from .engine import SessionLimits
-from .errors import RowLocked, translate_errors
+from .errors import RowLocked
 from .recovery import SQLRecovery
-from .rows import lease_state, renew_params
 from .run import RunTransaction
-from .statements import LeaseStatements
+from .statements import LeaseStatements, lease_state, renew_params
 from .url import check_sql_store_url, check_sql_url, sqlite_file
 
 __all__ = ["SQLStore"]

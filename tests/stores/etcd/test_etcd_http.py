@@ -17,8 +17,8 @@ from celery_fence import StaleToken, StoreUnavailable
 from celery_fence.stores.etcd import EtcdStore
 from celery_fence.stores.etcd.gateway import Gateway, get, put
 from celery_fence.testing._proxy import Proxy
-from tests.contract.harness_etcd import open_etcd_store, shared_server
 from tests.servers.scripted_http import ScriptedServer
+from tests.support.harnesses.etcd import open_etcd_store, shared_server
 
 TTL = 30.0
 READ, WRITE = [get("k")], [put("k", "v")]

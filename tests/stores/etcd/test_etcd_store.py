@@ -33,9 +33,9 @@ from celery_fence.stores.etcd.gateway import put
 from celery_fence.stores.etcd.http import EtcdConnection
 from celery_fence.stores.etcd.leases import lease_seconds
 from celery_fence.testing import free_port
-from tests.contract.harness import HARNESSES  # first: harness.py imports harness_etcd itself
-from tests.contract.harness_etcd import shared_server
 from tests.servers.etcd import EtcdServer
+from tests.support.harnesses import HARNESSES
+from tests.support.harnesses.etcd import shared_server
 
 TTL = 30.0
 
@@ -216,7 +216,7 @@ def test_an_etcd_without_its_gateway_is_a_configuration_error(
         server.stop()
 
 
-def test_urls_and_prefixes(request: pytest.FixtureRequest) -> None:
+def test_an_etcd_url_carries_its_key_prefix_and_a_bad_one_is_refused(request: pytest.FixtureRequest) -> None:
     base = shared_server(request).url()
     assert EtcdStore(base).url == f"{base}fence/"
     assert EtcdStore(f"{base}a/b").url == f"{base}a/b/"
@@ -364,7 +364,9 @@ def _racer(url: str, keys: list[str], seed: int, out: Any) -> None:
 
 
 @pytest.mark.parametrize("n_keys", [1, 20])
-def test_processes_racing(estore: EtcdStore, n_keys: int) -> None:
+def test_racing_processes_never_get_a_token_twice_and_complete_each_key_once(
+    estore: EtcdStore, n_keys: int
+) -> None:
     keys = [f"key{i}" for i in range(n_keys)]
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()

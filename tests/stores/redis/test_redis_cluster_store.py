@@ -14,8 +14,8 @@ from celery_fence.stores.redis.cluster import Cluster
 from celery_fence.stores.redis.server import OneServer
 from celery_fence.testing import free_port
 from celery_fence.testing.contract.checks import TTL
-from tests.contract.harness_redis_cluster import shared_cluster
 from tests.servers.redis_cluster import drop_cluster_prefix
+from tests.support.harnesses.redis_cluster import shared_cluster
 
 
 @pytest.mark.parametrize(

@@ -38,9 +38,9 @@ from celery_fence.lease import Lease, LeaseState, new_owner
 from celery_fence.stores.redis import RedisStore
 from celery_fence.stores.redis import store as redis_store
 from celery_fence.testing import free_port
-from tests.contract.harness import HARNESSES  # first: it imports harness_redis (a spawned child starts here)
-from tests.contract.harness_redis import shared_server
 from tests.servers.redis import RedisServer, drop_prefix
+from tests.support.harnesses import HARNESSES
+from tests.support.harnesses.redis import shared_server
 from tests.support.reconnect import OPERATIONS, run_and_check
 
 TTL = 30.0

@@ -27,7 +27,7 @@ from celery_fence.fence import Fence
 from celery_fence.stores.sql import SQLStore
 from celery_fence.stores.sql.engine import SessionLimits
 from celery_fence.testing import wait_for
-from tests.contract.harness import HARNESSES
+from tests.support.harnesses import HARNESSES
 
 TTL = 1.0  # the paused run's lease ttl: what bounds its hold on PostgreSQL
 # Far above TTL: only the run's own per-transaction limit can end the pause within POLL.

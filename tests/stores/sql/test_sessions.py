@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from celery_fence.stores.sql import SQLStore
-from tests.contract.harness import HARNESSES
+from tests.support.harnesses import HARNESSES
 
 TTL = 30.0
 

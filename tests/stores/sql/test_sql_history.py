@@ -12,7 +12,7 @@ from sqlalchemy import text
 from celery_fence import TokenRewound
 from celery_fence.stores.sql import SQLStore
 from celery_fence.stores.sql.schema import SCHEMA_VERSION
-from tests.contract.harness import HARNESSES
+from tests.support.harnesses import HARNESSES
 
 pytestmark = pytest.mark.postgres
 

@@ -26,7 +26,7 @@ from celery_fence.fence import Fence
 from celery_fence.stores.sql import SQLStore
 from celery_fence.stores.sql.engine import SessionLimits
 from celery_fence.testing import wait_for
-from tests.contract.harness import HARNESSES
+from tests.support.harnesses import HARNESSES
 from tests.support.racing import race
 from tests.support.reconnect import OPERATIONS, run_and_check
 

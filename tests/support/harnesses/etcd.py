@@ -17,9 +17,9 @@ import pytest
 from celery_fence.lease import MAX_TOKEN
 from celery_fence.stores.etcd import EtcdStore
 from celery_fence.stores.etcd.gateway import put
+from celery_fence.testing import StoreHarness as Harness
 
-from ..servers.etcd import EtcdServer, open_store_at
-from .harness import Harness
+from ...servers.etcd import EtcdServer, open_store_at
 
 
 def shared_server(request: pytest.FixtureRequest) -> EtcdServer:

@@ -12,8 +12,7 @@ import pytest
 from celery_fence import Lease, LeaseState
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import FakeClock
-
-from .harness import Harness
+from celery_fence.testing import StoreHarness as Harness
 
 
 class RunOnlyStore:

@@ -15,9 +15,9 @@ import pytest
 from redis.crc import key_slot
 
 from celery_fence import open_store
+from celery_fence.testing import StoreHarness as Harness
 
-from ..servers.redis_cluster import RedisClusterServers, drop_cluster_prefix, primary_clients
-from .harness import Harness
+from ...servers.redis_cluster import RedisClusterServers, drop_cluster_prefix, primary_clients
 
 # A node's own lease hashes: every live lease's store-clock deadline 10,000 s into the past.
 _EXPIRE = """

@@ -15,9 +15,9 @@ import pytest
 import redis
 
 from celery_fence import open_store
+from celery_fence.testing import StoreHarness as Harness
 
-from ..servers.redis import RedisServer, drop_prefix
-from .harness import Harness
+from ...servers.redis import RedisServer, drop_prefix
 
 # Move the store-clock deadline of every live lease of a prefix ARGV[2] ms into the past (10,000 s: it
 # expires now), in the lease hash and in the index of leased keys alike.

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from celery_fence.stores.front import checked
+from celery_fence.testing import StoreHarness as Harness
 
-from ..servers.pg_pair import PostgresPair, multi_host_url, postgres_pair
-from .harness import Harness, _sql_expire, pg_schema_store
+from ...servers.pg_pair import PostgresPair, multi_host_url, postgres_pair
+from .sql import _sql_expire, pg_schema_store
 
 __all__ = ["HARNESS"]
 

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from ..servers.etcd import open_store_at
-from ..servers.etcd_cluster import EtcdCluster
-from .harness import Harness
-from .harness_etcd import near_the_top
+from celery_fence.testing import StoreHarness as Harness
+
+from ...servers.etcd import open_store_at
+from ...servers.etcd_cluster import EtcdCluster
+from .etcd import near_the_top
 
 
 def shared_cluster(request: pytest.FixtureRequest) -> EtcdCluster:
