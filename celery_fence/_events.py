@@ -21,7 +21,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ._headers import AWAITED, LOOKS, RECOVERED, RESENDS, WAITS
+from ._delivery import AWAITED, LOOKS, RECOVERED, RESENDS, WAITS
 from .config import FenceConfig
 
 __all__ = ["final_fields", "send_fence_event"]

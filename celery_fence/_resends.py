@@ -5,20 +5,29 @@ A run that cannot end now (an unavailable store, a key another task id holds, a 
 an unknown outcome) is sent again with the same task id and the same ``retries``: the fence never spends the
 task's ``max_retries``. Each kind is bounded by a setting of the fence (``fence_store_wait``,
 ``fence_busy_wait``, ``fence_max_resends``) and giving up leaves a record: the key marked given up in the
-store, the reason in the log. The headers that carry a wait's clock are that wait's own (:mod:`._headers`).
+store, the reason in the log. The headers that carry a wait's clock are that wait's own (:mod:`._delivery`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from ._decide import Action, holder_of
-from ._ending import Ending
-from ._headers import AWAITED, BUSY_SINCE, LOOKS, RESENDS, WAITING_SINCE, WAITS, Attempt, run_name
-from ._outcomes import ENDED_STATES, RunHost
-from ._owed import Stranded
+from ._delivery import (
+    AWAITED,
+    BUSY_SINCE,
+    ENDED_STATES,
+    LOOKS,
+    RESENDS,
+    WAITING_SINCE,
+    WAITS,
+    Attempt,
+    Ending,
+    Stranded,
+    run_name,
+)
 from ._runtime import FenceRuntime
 from .config import FenceConfig
 from .errors import FenceError, GaveUp, LeaseHeld, StoreUnavailable
@@ -29,12 +38,20 @@ __all__ = ["Resends"]
 log = logging.getLogger(__name__)
 
 
+class Host(Protocol):
+    """What sending a run again needs of the run's host (:class:`~celery_fence.run.RunHost`): the result
+    backend's word, and someone to tell."""
+
+    def outcome(self) -> str | None: ...
+    def report(self, what: str, key: str, token: int, **fields: Any) -> None: ...
+
+
 class Resends:
     """How one run is sent again, for :class:`~celery_fence.run.Run`."""
 
     def __init__(
         self,
-        host: RunHost,
+        host: Host,
         runtime: FenceRuntime,
         config: FenceConfig,
         key: str,

@@ -1,38 +1,84 @@
-"""Per-process state of celery-fence for one Celery app: its settings, its store client, its renewer, the
-records it owes its store (:mod:`celery_fence._owed`).
+"""What a worker process keeps for one Celery app: its settings, its store client, its renewer thread, and
+the records it owes its store. No Celery import.
 
 Tied to the app, created lazily in the process that runs tasks (a prefork child after fork, never the
 parent); a forked child drops its parent's (:mod:`celery_fence._process`), so no client is ever shared
 across a fork. A test wraps the stores an app's runtimes open through :func:`wrap_stores`, the seam the
 fault kit (:mod:`celery_fence.testing`) installs its lost replies by; this module never imports the kit.
+
+**The renewer** (:class:`Renewer`): one thread renews every lease held in its process that is due, one store
+round trip per ttl per interval. A lease is lost when the store refuses its renew, or when no renew
+succeeded before its local monotonic deadline (the store may be unreachable; the worker must then assume the
+store expired it). Loss is never silent: the callback given to :meth:`Renewer.track` runs (the task layer
+logs, signals and sends an event). The heartbeat only lets a worker stop early; the store's token check is
+what keeps data safe.
+
+A lease whose run holds its fenced transaction open is *pinned*: its row is locked by that transaction, so it
+is alive by that lock (no one can take it over until the transaction ends, and the server ends an idle one
+after a ttl). The renewer neither renews it (the renew would wait behind the run's own lock) nor expires it
+locally until it is unpinned.
+
+A renew never waits for a lock that another client holds (SQLite's write lock, held by another process's
+transaction) past the point where it could still land before the lease's local deadline
+(``LeasePolicy.lock_wait``, set with ``stores.waits.lock_wait``): it gives up with ``StoreUnavailable`` and is
+retried, so the renewer is back in time to renew again or to report the loss, whatever the store's own busy
+timeout. Groups are renewed earliest deadline first.
+
+**The records it owes** (:class:`OwedRecords`): the ``strand`` of each run that gave up (an unavailable
+store waited out, the fence's re-sends spent), and the release of each run that ended FAILURE, ``Reject``
+or ``Ignore`` whose release did not reach the store (else its lease would expire and recovery would run it
+again). The store is down when such a run ends, so the record usually cannot be written then; the runtime
+keeps it and writes it once the store answers again (after the next acquire that succeeds in the process),
+or when it closes. A record still owed then is logged at ``ERROR``: never dropped silently.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from . import _failpoints
+from ._delivery import Stranded
 from ._interrupt import Interrupter
-from ._owed import OwedRecords
 from ._process import forget_in_child
 from .config import FenceConfig
-from .lease import OwnerNames
-from .renewer import Renewer
+from .errors import FenceError, StoreUnavailable
+from .lease import Lease, LeasePolicy, OwnerNames
 from .stores import Store, open_store
+from .stores.base import RecoveryStore, lacking
+from .stores.waits import lock_wait
 
-__all__ = ["FenceRuntime", "runtime_for", "settle_at_exit", "wrap_stores"]
+__all__ = [
+    "MAX_OWED",
+    "FenceRuntime",
+    "OwedRecords",
+    "Released",
+    "Renewer",
+    "runtime_for",
+    "settle_at_exit",
+    "wrap_stores",
+]
+
+log = logging.getLogger(__name__)
 
 _ATTR = "_celery_fence_runtime"
 _WRAP = "_celery_fence_store_wrapper"  # on the app, so a forked child's new runtime wraps its store too
 _CREATE = threading.Lock()  # serialises first creation on the threads pool; holds no state
+
+# A task's own fence_lease_ttl, fence_on_busy and fence_interrupt (None: the app's setting).
+TaskOptions = tuple[float | None, str | None, bool | None]
 
 
 class FenceRuntime:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.config = FenceConfig.from_conf(app.conf)
+        self._task_configs: dict[str, tuple[FenceConfig, TaskOptions, FenceConfig]] = {}
         self.new_owner = OwnerNames()
         self._store: Store | None = None
         self._renewer: Renewer | None = None
@@ -50,6 +96,14 @@ class FenceRuntime:
         records are the parent's (the store forgets its connections itself)."""
         if self.app.__dict__.get(_ATTR) is self:
             del self.app.__dict__[_ATTR]
+
+    def config_for(self, task: str, options: TaskOptions) -> FenceConfig:
+        """The settings a run of ``task`` takes: the app's under the task's own ``options``, resolved once
+        per task (and again if either changes: a test may set a task's options or the runtime's config)."""
+        known = self._task_configs.get(task)
+        if known is None or known[0] is not self.config or known[1] != options:
+            known = self._task_configs[task] = (self.config, options, self.config.with_task_options(*options))
+        return known[2]
 
     @property
     def store(self) -> Store:
@@ -108,3 +162,321 @@ def wrap_stores(app: Any, wrapper: Callable[[Store], Store]) -> None:
     it forks) is ``wrapper(store)``. The fault kit's lost replies come in this way
     (``celery_fence/testing/_in_worker.py``); a runtime that already opened its store keeps it."""
     setattr(app, _WRAP, wrapper)
+
+
+# -- the renewer --
+
+OnLost = Callable[[Lease, str], None]
+OnRenewed = Callable[[Lease], None]
+
+
+@dataclass
+class _Tracked:
+    policy: LeasePolicy
+    deadline: float  # local monotonic time after which the lease counts as lost
+    on_lost: OnLost
+    sent_at: float  # when its acquire or last successful renew was sent
+    on_renewed: OnRenewed | None = None
+    pinned: bool = False
+
+    def due(self, now: float) -> bool:
+        """Skip a lease renewed (or acquired) under half an interval ago: a short task is never renewed.
+
+        The next pass comes within an interval, so a skipped lease is renewed by 1.5 intervals (< 0.75 ttl),
+        before its local deadline (0.9 ttl).
+        """
+        return not self.pinned and now - self.sent_at >= self.policy.interval / 2
+
+
+class Renewer:
+    """Renews tracked leases in the background. ``tick()`` is one pass, callable directly in tests."""
+
+    def __init__(
+        self,
+        store: Store,
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
+        background: bool = True,
+    ) -> None:
+        self.store, self.interval, self.clock = store, interval, clock
+        self._leases: dict[Lease, _Tracked] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopping = not background  # no thread: whoever made it calls tick() (a simulation)
+        self.round_trips = 0  # renew calls sent: observable by tests and benchmarks
+        self.restarts = 0  # threads that died and were replaced: observable by tests
+
+    def track(
+        self,
+        lease: Lease,
+        policy: LeasePolicy,
+        sent_at: float,
+        on_lost: OnLost,
+        on_renewed: OnRenewed | None = None,
+    ) -> None:
+        """Renew ``lease`` until :meth:`untrack`; ``sent_at`` is when its acquire was sent.
+
+        ``on_lost`` runs once if the lease is lost; ``on_renewed`` after each successful renew of it.
+        """
+        with self._lock:
+            self._leases[lease] = _Tracked(policy, policy.deadline(sent_at), on_lost, sent_at, on_renewed)
+            self.interval = min(self.interval, policy.interval)
+        self._ensure_thread()
+
+    def untrack(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases.pop(lease, None)
+
+    def deadline(self, lease: Lease) -> float | None:
+        """The lease's local monotonic deadline, or ``None`` when it is not tracked (any more) or pinned.
+
+        Asked by every ``check()``: also the watchdog that restarts a renewer thread found dead."""
+        self._ensure_thread()
+        with self._lock:
+            tracked = self._leases.get(lease)
+            return None if tracked is None or tracked.pinned else tracked.deadline
+
+    def pin(self, lease: Lease) -> None:
+        """The run's open transaction locks the lease row: alive by that lock, not renewed meanwhile."""
+        self._set_pinned(lease, True)
+
+    def unpin(self, lease: Lease) -> None:
+        """The transaction ended without completing: renew at the next pass; the deadline it had stands."""
+        self._set_pinned(lease, False)
+
+    def _set_pinned(self, lease: Lease, pinned: bool) -> None:
+        with self._lock:
+            tracked = self._leases.get(lease)
+            if tracked is not None:
+                tracked.pinned = pinned
+                if not pinned:
+                    tracked.sent_at = float("-inf")  # due
+
+    def held(self) -> list[Lease]:
+        with self._lock:
+            return list(self._leases)
+
+    def tick(self) -> None:
+        """Renew every tracked lease (one call per distinct ttl), then expire overdue ones locally."""
+        now = self.clock()
+        by_ttl: dict[float, list[Lease]] = {}
+        first: dict[float, _Tracked] = {}  # the lease of each group whose deadline comes first
+        with self._lock:
+            for lease, tracked in self._leases.items():
+                if tracked.due(now):
+                    ttl = tracked.policy.ttl
+                    by_ttl.setdefault(ttl, []).append(lease)
+                    if ttl not in first or tracked.deadline < first[ttl].deadline:
+                        first[ttl] = tracked
+            deadlines = {ttl: tracked.deadline for ttl, tracked in first.items()}
+        try:
+            for ttl in sorted(by_ttl, key=deadlines.__getitem__):  # earliest deadline first
+                self._renew(by_ttl[ttl], first[ttl].policy, deadlines[ttl])
+        finally:  # whatever a store raised, overdue leases are still reported lost
+            self._expire_overdue()
+
+    def _renew(self, leases: list[Lease], policy: LeasePolicy, deadline: float) -> None:
+        """Renew ``leases`` (one ttl); ``deadline`` is the earliest of their local deadlines."""
+        if _failpoints.armed:
+            _failpoints.failpoint("before-renew")
+        sent_at = self.clock()
+        self.round_trips += 1
+        try:
+            with lock_wait(policy.lock_wait(deadline, sent_at)):  # back in time, whatever holds a lock
+                lost = set(self.store.renew(leases, policy.ttl))
+        except StoreUnavailable as exc:
+            log.warning("fence renew of %d leases failed, retrying: %s", len(leases), exc)
+            return
+        except Exception:  # an untranslated driver error must not stop the other ttl groups
+            log.exception("fence renew of %d leases failed", len(leases))
+            return
+        for lease in leases:
+            if lease in lost:
+                self._lose(lease, "renew refused: the lease was taken over or released")
+            else:
+                with self._lock:
+                    tracked = self._leases.get(lease)
+                    if tracked is not None:
+                        tracked.deadline, tracked.sent_at = tracked.policy.deadline(sent_at), sent_at
+                if tracked is not None and tracked.on_renewed is not None:
+                    self._call(tracked.on_renewed, lease)
+
+    def _expire_overdue(self) -> None:
+        now = self.clock()
+        with self._lock:
+            overdue = [lease for lease, t in self._leases.items() if t.deadline <= now and not t.pinned]
+        for lease in overdue:
+            self._lose(lease, "no successful renew before the local deadline")
+
+    def _lose(self, lease: Lease, reason: str) -> None:
+        with self._lock:
+            tracked = self._leases.pop(lease, None)
+        if tracked is not None:
+            self._call(tracked.on_lost, lease, reason)
+
+    @staticmethod
+    def _call(callback: Callable[..., None], lease: Lease, *args: str) -> None:
+        try:
+            callback(lease, *args)
+        except Exception:  # a failing callback must not stop renewing the other leases
+            log.exception("fence renewer callback failed for %s", lease.key)
+
+    def _ensure_thread(self) -> None:
+        """Start the thread if there is none, or restart a dead one (the watchdog)."""
+        thread = self._thread
+        if self._stopping or (thread is not None and thread.is_alive()):
+            return
+        with self._lock:
+            if self._thread is thread:  # nobody replaced it meanwhile
+                self._start_locked(restart=thread is not None)
+
+    def _start_locked(self, restart: bool) -> None:
+        self._thread = threading.Thread(target=self._run, name="celery-fence-renewer", daemon=True)
+        self.restarts += restart
+        self._thread.start()
+
+    def _run(self) -> None:
+        why = "the renewer thread ended"
+        try:
+            while not self._wake.wait(self._next_wait()):
+                try:
+                    self.tick()
+                except Exception:  # never die silently: log and keep going
+                    log.exception("fence renewer pass failed")
+        except BaseException as exc:  # SystemExit from a callback, KeyboardInterrupt...: never silent
+            why = f"the renewer thread died: {exc!r}"  # logged below; a replacement takes over
+        finally:  # only stop() ends the loop on purpose; anything else is reported and replaced at once
+            if not self._stopping:
+                self._died(why)
+                with self._lock:
+                    if not self._stopping and threading.current_thread() is self._thread:
+                        self._start_locked(restart=True)
+
+    def _died(self, why: str) -> None:
+        """Report every tracked lease lost: nothing renewed them while the thread was gone."""
+        with self._lock:
+            lost, self._leases = list(self._leases.items()), {}
+        if lost:
+            log.critical("fence renewer: %s; %d leases reported lost; restarting it", why, len(lost))
+        else:
+            log.error("fence renewer: %s; restarting it", why)
+        for lease, tracked in lost:
+            try:
+                tracked.on_lost(lease, why)
+            except BaseException:  # one callback's failure must not hide the other losses
+                log.exception("fence renewer callback failed for %s", lease.key)
+
+    def _next_wait(self) -> float:
+        """Wake at the interval, or earlier when a local deadline comes first."""
+        with self._lock:
+            deadlines = [t.deadline for t in self._leases.values() if not t.pinned]
+        until_deadline = min(deadlines, default=float("inf")) - self.clock()
+        return max(0.0, min(self.interval, until_deadline))
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+# -- the records it owes its store --
+
+MAX_OWED = 1_000  # records kept per process: a long outage must not grow memory without bound
+
+
+@dataclass(frozen=True)
+class Released:
+    """The release a run owes after it ended FAILURE, ``Reject`` or ``Ignore``: ``Store.release(lease)``."""
+
+    task_id: str
+    lease: Lease
+
+    @property
+    def key(self) -> str:
+        return self.lease.key
+
+    @property
+    def reason(self) -> str:
+        return f"the release of token {self.lease.token} after the run ended"
+
+
+Owed = Stranded | Released
+
+
+class OwedRecords:
+    """The records this process owes its store, oldest first. Thread-safe (the threads pool)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owed: deque[Owed] = deque()
+
+    def __len__(self) -> int:
+        return len(self._owed)
+
+    def write(self, store: Store, record: Owed) -> None:
+        """Write the record now if the store takes it, else keep it owed. A store without the recovery role
+        keeps no give-up record: said once per run, at WARNING, and nothing is owed."""
+        if isinstance(record, Stranded) and lacking(store, RecoveryStore):
+            log.warning("fence: the store keeps no give-up records (no recovery role): %s", record.reason)
+            return
+        if not _written(store, record):
+            log.warning(
+                "fence: the record of %s (key %r) is owed: the store did not take it; it is written after "
+                "the next acquire in this process",
+                record.task_id, record.key,
+            )
+            self._keep(record)
+
+    def flush(self, store: Store) -> None:
+        """Write what is owed, oldest first, up to the first record the store does not take (it is still
+        unavailable: the rest would only wait for it too). Cheap when nothing is owed."""
+        while self._owed and (record := self._pop()) is not None:
+            if not _written(store, record):
+                self._keep(record, first=True)
+                return
+            log.info("fence: wrote the owed record of %s (key %r)", record.task_id, record.key)
+
+    def close(self, store: Store | None) -> None:
+        """Flush, then log what is still owed (at ERROR): this process will not write it."""
+        if store is not None:
+            self.flush(store)
+        while (record := self._pop()) is not None:
+            _not_written(record, "the store did not take it before this process closed it")
+
+    def _pop(self) -> Owed | None:
+        with self._lock:
+            return self._owed.popleft() if self._owed else None
+
+    def _keep(self, record: Owed, first: bool = False) -> None:
+        with self._lock:
+            if first:
+                self._owed.appendleft(record)
+            else:
+                self._owed.append(record)
+            dropped = self._owed.popleft() if len(self._owed) > MAX_OWED else None
+        if dropped is not None:
+            _not_written(dropped, f"over {MAX_OWED} records owed in this process")
+
+
+def _written(store: Store, record: Owed) -> bool:
+    """One ``strand`` or ``release`` call; ``False`` if the store did not take it (best effort)."""
+    try:
+        if isinstance(record, Released):
+            store.release(record.lease)  # token-checked: a takeover since makes it a no-op
+            return True
+        marked = store.strand(record.key, record.run, record.reason)
+    except FenceError as exc:
+        log.warning("fence: %s of %r failed: %s", type(record).__name__.lower(), record.key, exc)
+        return False
+    if not marked:  # someone leased or finished the key meanwhile: its state says more than this record
+        log.info("fence: no record of %s written: key %r is no longer free", record.task_id, record.key)
+    return True
+
+
+def _not_written(record: Owed, why: str) -> None:
+    log.error(
+        "fence: record not written: %s gave up on key %r (%s); %s",
+        record.task_id, record.key, record.reason, why,
+    )

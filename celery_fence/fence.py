@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 
 class Heartbeat(Protocol):
-    """What a run's handle needs of the renewer (``renewer.Renewer``)."""
+    """What a run's handle needs of the renewer (``_runtime.Renewer``)."""
 
     def deadline(self, lease: Lease) -> float | None: ...
     def pin(self, lease: Lease) -> None: ...

@@ -3,7 +3,7 @@
 Brokers that never redeliver after a crash (the filesystem broker, early ack) lose the message of a
 killed run; its lease row still says what ran. Each abandoned run is claimed atomically at the store (one
 recoverer wins), then its message is sent again as it was (same task id, arguments, canvas links, headers
-and route: :mod:`celery_fence._runinfo`), so it takes over the key and resumes after its last committed step.
+and route: :mod:`celery_fence._delivery`), so it takes over the key and resumes after its last committed step.
 
 The rules:
 
@@ -24,8 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._headers import RECOVERED
-from ._runinfo import resend_options
+from ._delivery import RECOVERED, resend_options
 from .lease import Abandoned
 from .signals import run_recovered
 from .stores.base import Store

@@ -2,11 +2,13 @@
 (docs/guarantees.md#how-a-run-ends).
 
 :class:`Run` makes the store calls, runs the body, asks :func:`~celery_fence._decide.decide` what each
-outcome means (what the store answered and what the body and Celery did), and returns how the run ends as an
-:class:`~celery_fence._ending.Ending`; it raises nothing of Celery's and sends nothing. Its host (the task)
-runs the body, says what the result backend holds, hears what happened, and performs the ending. Every
-pause comes from the :class:`~celery_fence.lease.LeasePolicy` and passes through the runtime's clock and
-sleep, so the whole run can be driven without Celery or real time.
+outcome means, and returns how the run ends as an :class:`~celery_fence._delivery.Ending`; it raises nothing
+of Celery's and sends nothing. What the body and Celery did becomes the table's events here
+(docs/guarantees.md#every-exit): which exception left the body, how the run's transaction stood when the
+body returned, how a completion failed; Celery's exceptions are all this module knows of Celery. Its host
+(:class:`RunHost`, the task) runs the body, says what the result backend holds, hears what happened, and
+performs the ending. Every pause comes from the :class:`~celery_fence.lease.LeasePolicy` and passes through
+the runtime's clock and sleep, so the whole run can be driven without Celery or real time.
 """
 
 from __future__ import annotations
@@ -15,21 +17,20 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from functools import cached_property
+from typing import Any, Protocol
 
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
+
+from . import _failpoints
 from ._decide import Action, Event, Facts, View, asks_backend, decide, holder_of, view_of
-from ._ending import Ending
-from ._failpoints import failpoint
-from ._headers import Attempt, run_name
-from ._outcomes import ENDED_STATES, FAILED_STATES, RunHost, body_event, completion_event, returned_event
-from ._owed import Released
+from ._delivery import ENDED_STATES, FAILED_STATES, Attempt, Ending, run_name
 from ._resends import Resends
-from ._runtime import FenceRuntime
+from ._runtime import FenceRuntime, OnLost, OnRenewed, Released
 from .config import FenceConfig
 from .errors import AlreadyDone, FenceError, LeaseHeld, LeaseLost, StaleToken, StoreUnavailable
 from .fence import Fence
 from .lease import Lease, LeaseState
-from .renewer import OnLost, OnRenewed
 
 __all__ = ["Run", "RunHost", "decide", "quietly"]
 
@@ -37,6 +38,16 @@ log = logging.getLogger(__name__)
 
 ACQUIRE_ATTEMPTS = 3  # acquire calls per round when the store does not answer (same owner each time)
 ACQUIRE_ROUNDS = 5  # acquire -> read -> acquire again, when the key changes under us
+
+
+class RunHost(Protocol):
+    """What a run needs of its task: the body, the result backend's word, and someone to tell."""
+
+    def body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+    def outcome(self) -> str | None: ...  # this task id's state in the result backend; None: nothing tells
+    def acquired(self, fence: Fence) -> None: ...
+    def released(self, fence: Fence) -> None: ...
+    def report(self, what: str, key: str, token: int, **fields: Any) -> None: ...
 
 
 class Run:
@@ -49,9 +60,14 @@ class Run:
         self.key, self.run_info, self.attempt = key, run_info, attempt
         self.clock, self.sleep = runtime.clock, runtime.sleep
         self.name = run_name(attempt)
-        self.resends = Resends(host, runtime, config, key, run_info, attempt)
         self.state: LeaseState | None = None  # the last read of the key
         self.committed: tuple[Any] | None = None  # (result,) once the completion answered
+
+    @cached_property
+    def resends(self) -> Resends:
+        """How this run is sent again, or ends unrun: made only when it comes to that, never on an
+        ordinary run."""
+        return Resends(self.host, self.runtime, self.config, self.key, self.run_info, self.attempt)
 
     def execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ending:
         try:
@@ -67,7 +83,8 @@ class Run:
 
     def _execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ending:
         owner = self.runtime.new_owner()
-        failpoint("before-acquire")
+        if _failpoints.armed:
+            _failpoints.failpoint("before-acquire")
         for round_ in range(1, ACQUIRE_ROUNDS + 1):
             facts, lease, sent_at, problem = self._acquire(owner)
             if lease is not None and self._ended_before(lease):
@@ -99,7 +116,8 @@ class Run:
             sent_at = self.clock()
             try:
                 lease = self.store.acquire(self.key, owner, self.policy.ttl, self.run_info)
-                failpoint("after-acquire")
+                if _failpoints.armed:
+                    _failpoints.failpoint("after-acquire")
                 return Facts(Event.ACQUIRED), lease, sent_at, None
             except AlreadyDone as done:
                 return Facts(Event.FINISHED), None, sent_at, done
@@ -187,7 +205,8 @@ class Run:
         deadline = self.runtime.renewer.deadline(fence.lease)
         deadline = deadline if deadline is not None else self.clock() + self.policy.ttl
         self.runtime.renewer.untrack(fence.lease)  # no renew of a lease whose completion may have committed
-        failpoint("before-complete")
+        if _failpoints.armed:
+            _failpoints.failpoint("before-complete")
         action = decide(Facts(returned_event(fence)))
         if action is not Action.COMPLETE:  # the run's transaction was lost with earlier writes
             lost = StoreUnavailable(f"the run's transaction on key {self.key!r} was lost with earlier writes")
@@ -285,6 +304,36 @@ class Run:
             log.warning("fence: release of %s failed, owed: %s", lease.key, exc)
             self.runtime.owed.write(self.store, Released(self.attempt.task_id, lease))
         return ending
+
+
+# -- what happened, as the table's events --
+
+
+def body_event(exc: BaseException) -> Event:
+    """What the body's exception means to Celery (and so to the run)."""
+    if isinstance(exc, Retry):
+        return Event.RETRIED
+    if isinstance(exc, Reject):
+        return Event.REJECTED
+    if isinstance(exc, Ignore):
+        return Event.IGNORED
+    if isinstance(exc, (SoftTimeLimitExceeded, TimeLimitExceeded)) or not isinstance(exc, Exception):
+        return Event.INTERRUPTED
+    return Event.RAISED
+
+
+def returned_event(fence: Fence) -> Event:
+    if fence.work_lost:
+        return Event.RETURNED_WORK_LOST
+    return Event.RETURNED_BLOCK_UNDONE if fence.block_undone else Event.RETURNED
+
+
+def completion_event(exc: StaleToken | StoreUnavailable) -> Event:
+    if isinstance(exc, StaleToken):
+        return Event.COMPLETE_REFUSED
+    log.warning("fence: completion unconfirmed, reading the key: %s", exc)
+    return Event.COMPLETE_UNKNOWN
+
 
 def quietly(fn: Any, *args: Any) -> Any:
     """Best-effort store calls on the way out: a failure leaves the lease to expire by its ttl."""

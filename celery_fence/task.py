@@ -28,14 +28,12 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Retry
 from celery.signals import celeryd_after_setup, celeryd_init, worker_process_shutdown, worker_shutdown
 
-from . import _headers
-from ._ending import Ending, Kind
+from . import _delivery
+from ._delivery import Ending, Kind
 from ._events import send_fence_event
-from ._runinfo import run_info
 from ._runtime import FenceRuntime, runtime_for
 from .errors import FenceError
 from .fence import Fence
-from .keys import derive_key
 from .run import Run, quietly
 from .signals import (
     lease_acquired,
@@ -101,12 +99,11 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         if request is None or request.called_directly:  # a plain function call: no message, no lease
             return super().__call__(*args, **kwargs)
         runtime = runtime_for(self.app)
-        config = runtime.config.with_task_options(
-            self.fence_lease_ttl, self.fence_on_busy, self.fence_interrupt
-        )
-        key, _ = derive_key(self, args, kwargs)
-        info = run_info(self, request, args, kwargs)  # what recovery needs to send this run again
-        attempt = _headers.attempt_of(request, self.name)
+        options = (self.fence_lease_ttl, self.fence_on_busy, self.fence_interrupt)
+        config = runtime.config_for(self.name, options)
+        key, _ = _delivery.derive_key(self, args, kwargs)
+        info = _delivery.run_info(self, request, args, kwargs)  # what recovery needs to send this run again
+        attempt = _delivery.attempt_of(request, self.name)
         host = _Host(self, request, runtime)
         ending = Run(host, runtime, config, key, info, attempt).execute(args, kwargs)
         said = host.said or ("gave_up" if ending.record is not None else _ENDED[ending.kind])
@@ -118,11 +115,11 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         the attempt's (a wait's clock), and names the token it hands over, so the copy can take the key
         back at once if this attempt's release does not reach the store."""
         signature = super().signature_from_request(request, *args, **options)
-        sent = _headers.lineage(signature.options.get("headers"))
+        sent = _delivery.lineage(signature.options.get("headers"))
         request = request if request is not None else self.request
         fence = getattr(request, "_fence", None)
         if fence is not None:
-            sent[_headers.HANDOFF] = fence.token
+            sent[_delivery.HANDOFF] = fence.token
         # A copy has its message's parent: Celery would name the task sending it (this very task id) as
         # the parent of a top-level task's copy, and monitors then list it as its own parent and child.
         # A header of the send overrides the one Celery computes.
@@ -228,7 +225,7 @@ def _perform(task: FencedTask, request: Any, runtime: FenceRuntime, ending: Endi
         signature = task.signature_from_request(request, countdown=ending.countdown, retries=request.retries)
         headers = {**signature.options["headers"], **ending.headers}
         if ending.hand_back is not None:  # the copy takes it back at once if the release below fails
-            headers[_headers.HANDOFF] = ending.hand_back.token
+            headers[_delivery.HANDOFF] = ending.hand_back.token
         signature.options["headers"] = headers
         signature.apply_async()
     if ending.hand_back is not None:  # after the send: the copy may start at once

@@ -220,5 +220,5 @@ def add_worker_steps(sender: Any = None, instance: Any = None, **_: Any) -> None
 def settle_owed_records(sender: Any = None, **_: Any) -> None:
     """``worker_shutdown`` (the worker's own process: solo and threads pools run tasks there) and
     ``worker_process_shutdown`` (a prefork pool process, whose app is the current one) receiver: write the
-    records the process owes its store, or log them (:mod:`celery_fence._owed`)."""
+    records the process owes its store, or log them (:class:`celery_fence._runtime.OwedRecords`)."""
     settle_at_exit(getattr(sender, "app", None) or current_app)

@@ -16,10 +16,10 @@ from typing import Any
 from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
 
+from .._delivery import derive_key
 from .._events import final_fields
 from .._runtime import runtime_for
 from ..errors import FenceError
-from ..keys import derive_key
 from ..lease import Lease
 from ..stores import open_store
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import Task
 
-from ..keys import check_key_template
+from .._delivery import check_key_template
 from .spelling import PREFIX, unknown_task_options
 
 __all__ = ["Acks", "acks_warnings", "task_warnings"]

@@ -25,8 +25,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connections
 
-from celery_fence._runtime import runtime_for
-from celery_fence.renewer import Renewer
+from celery_fence._runtime import Renewer, runtime_for
 from celery_fence.stores import open_store
 from tests.django_app import settings as test_settings
 from tests.support.required import require_server

@@ -24,7 +24,6 @@ MODULES = {
     "_decide": ["celery_fence._decide.*"],
     "run": ["celery_fence.run.*"],
     "_resends": ["celery_fence._resends.*"],
-    "_outcomes": ["celery_fence._outcomes.*"],
     "fence": ["celery_fence.fence.*"],
     "task": ["celery_fence.task.*"],
     "sql.run": ["celery_fence.stores.sql.run.*"],

@@ -17,9 +17,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from celery_fence import FencedTask, StaleToken, UsageError, open_store
-from celery_fence._runtime import runtime_for
+from celery_fence._runtime import Renewer, runtime_for
 from celery_fence.fence import Fence
-from celery_fence.renewer import Renewer
 from tests.support.forked import exit_code_of
 from tests.support.harnesses import Harness
 

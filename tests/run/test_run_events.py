@@ -18,8 +18,7 @@ from celery import Celery
 from celery.signals import before_task_publish
 
 from celery_fence import FencedTask, LeaseHeld
-from celery_fence._runtime import runtime_for
-from celery_fence.renewer import Renewer
+from celery_fence._runtime import Renewer, runtime_for
 from celery_fence.testing import wait_for
 from tests.support.harnesses import Harness
 from tests.support.inprocess import memory_app, running_worker

@@ -15,8 +15,7 @@ from celery import Celery
 from celery.signals import before_task_publish, task_failure, task_postrun, task_success
 
 from celery_fence import FencedTask, LeaseHeld, StoreUnavailable
-from celery_fence._runtime import runtime_for
-from celery_fence.renewer import Renewer
+from celery_fence._runtime import Renewer, runtime_for
 from celery_fence.signals import lease_duplicate, lease_lost
 from celery_fence.testing import wait_for
 from tests.support.harnesses import Harness

@@ -15,10 +15,9 @@ from celery import Celery
 from sqlalchemy import text
 
 from celery_fence import FencedTask, LeaseHeld, StoreUnavailable, UsageError
-from celery_fence._runtime import runtime_for
+from celery_fence._runtime import Renewer, runtime_for
 from celery_fence.fence import Fence
 from celery_fence.lease import LeasePolicy
-from celery_fence.renewer import Renewer
 from tests.support.harnesses import Harness
 
 EFFECTS = "fence_test_tx_effects"

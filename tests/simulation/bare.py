@@ -17,8 +17,7 @@ from typing import Any
 from celery.app.task import Context
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
-from celery_fence import _headers
-from celery_fence._runinfo import run_info
+from celery_fence import _delivery
 from celery_fence.run import Run
 from celery_fence.task import _perform
 
@@ -55,9 +54,9 @@ class BareTask:
 
     def signature_from_request(self, request: Any, countdown: float, retries: int) -> _Copy:
         """As ``FencedTask.signature_from_request``: the lineage headers and the hand-off token."""
-        headers = _headers.lineage({k: v for k, v in self.message.headers.items() if k.startswith("fence_")})
+        headers = _delivery.lineage({k: v for k, v in self.message.headers.items() if k.startswith("fence_")})
         if request._fence is not None:
-            headers[_headers.HANDOFF] = request._fence.token
+            headers[_delivery.HANDOFF] = request._fence.token
         return _Copy(self, countdown, retries, headers)
 
 
@@ -122,8 +121,8 @@ class BareWorker:
         )
         task = BareTask(self, request, message)
         runtime = self.sim.runtime
-        attempt = _headers.attempt_of(request, task.name)
-        info = run_info(self.sim.work, request, tuple(args), kwargs)
+        attempt = _delivery.attempt_of(request, task.name)
+        info = _delivery.run_info(self.sim.work, request, tuple(args), kwargs)
         run = Run(BareHost(task), runtime, runtime.config, f"sim:{args[0]}", info, attempt)
         backend, task_id = task.backend, request.id
         try:

@@ -18,9 +18,7 @@ from sqlalchemy import text
 
 from celery_fence import FencedTask
 from celery_fence import task as task_module
-from celery_fence._owed import OwedRecords
-from celery_fence._runtime import runtime_for
-from celery_fence.renewer import Renewer
+from celery_fence._runtime import OwedRecords, Renewer, runtime_for
 from celery_fence.signals import store_wait_exhausted
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import FakeClock

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_fence.renewer import Renewer
+from celery_fence._runtime import Renewer
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import FakeClock
 

@@ -12,8 +12,7 @@ import pytest
 from celery import Celery
 
 from celery_fence import FencedTask, LeaseHeld, StoreUnavailable
-from celery_fence._runtime import runtime_for
-from celery_fence.renewer import Renewer
+from celery_fence._runtime import Renewer, runtime_for
 from celery_fence.stores.memory import MemoryStore
 
 

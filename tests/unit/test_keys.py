@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from celery_fence._delivery import derive_key
 from celery_fence.errors import ConfigurationError, FenceError, InvalidArgument
-from celery_fence.keys import derive_key
 
 
 def charge(invoice_id: int, currency: str = "EUR", *, note: str = "") -> None:

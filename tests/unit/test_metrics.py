@@ -14,9 +14,8 @@ from celery import Celery
 from prometheus_client import CollectorRegistry
 
 from celery_fence import ConfigurationError, FencedTask, FenceMetrics, Lease, LeasePolicy
-from celery_fence._runtime import runtime_for
+from celery_fence._runtime import Renewer, runtime_for
 from celery_fence.config import FenceConfig
-from celery_fence.renewer import Renewer
 from celery_fence.signals import run_recovered, store_wait_exhausted, write_refused
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import FakeClock

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from celery_fence._runtime import Renewer
 from celery_fence.errors import InvalidArgument, StoreUnavailable
 from celery_fence.lease import Lease, LeasePolicy
-from celery_fence.renewer import Renewer
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import FakeClock
 

@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
+from celery_fence._runtime import Renewer
 from celery_fence.errors import StoreUnavailable
 from celery_fence.lease import Lease, LeasePolicy
-from celery_fence.renewer import Renewer
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.stores.waits import LOCK_WAIT, lock_wait
 from celery_fence.testing import FakeClock

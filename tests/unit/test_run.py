@@ -15,12 +15,9 @@ import pytest
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 
 from celery_fence import GaveUp, LeaseHeld, StaleToken, StoreUnavailable
-from celery_fence._ending import Ending, Kind
-from celery_fence._headers import Attempt
-from celery_fence._owed import Released
-from celery_fence._runtime import FenceRuntime
+from celery_fence._delivery import Attempt, Ending, Kind
+from celery_fence._runtime import FenceRuntime, Released, Renewer
 from celery_fence.fence import Fence
-from celery_fence.renewer import Renewer
 from celery_fence.run import Run
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import FakeClock, Fault, IndeterminateStore, Outcome

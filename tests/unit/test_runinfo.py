@@ -9,7 +9,7 @@ from celery.app.task import Context
 from kombu import Exchange, Queue
 
 from celery_fence import codec
-from celery_fence._runinfo import resend_options, run_info
+from celery_fence._delivery import resend_options, run_info
 
 app = Celery("runinfo", broker="memory://", set_as_current=False)
 app.conf.task_queues = [Queue("billing", Exchange("jobs", type="direct"), routing_key="bill.high")]

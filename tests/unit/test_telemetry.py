@@ -19,8 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from celery_fence import FencedTask, LeaseHeld, StaleToken, signals, telemetry
-from celery_fence._runtime import runtime_for
-from celery_fence.renewer import Renewer
+from celery_fence._runtime import Renewer, runtime_for
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import FakeClock
 from celery_fence.worker.bootstep import add_worker_steps

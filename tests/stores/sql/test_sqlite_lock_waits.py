@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from celery_fence import StoreUnavailable
+from celery_fence._runtime import Renewer
 from celery_fence.lease import Lease, LeasePolicy
-from celery_fence.renewer import Renewer
 from celery_fence.stores.sql import SQLStore
 from celery_fence.stores.sql.engine import SessionLimits
 from celery_fence.stores.waits import lock_wait
