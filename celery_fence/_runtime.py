@@ -332,9 +332,10 @@ class Renewer:
                 self._start_locked(restart=thread is not None)
 
     def _start_locked(self, restart: bool) -> None:
-        self._thread = threading.Thread(target=self._run, name="celery-fence-renewer", daemon=True)
+        thread = threading.Thread(target=self._run, name="celery-fence-renewer", daemon=True)
         self.restarts += restart
-        self._thread.start()
+        thread.start()
+        self._thread = thread  # published started: stop() may join it from any thread at any moment
 
     def _run(self) -> None:
         why = "the renewer thread ended"

@@ -4,6 +4,7 @@ ends it is reported, every tracked lease is reported lost, and a new thread take
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -80,3 +81,29 @@ def test_stop_ends_the_thread_without_reporting_or_restarting(renewer: Renewer) 
     thread.join(5)
     assert not thread.is_alive() and renewer._thread is thread
     assert (lost, renewer.restarts) == ([], 0)
+
+
+def test_a_stop_from_another_thread_while_the_thread_is_being_started_joins_only_a_started_one(
+    renewer: Renewer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stop()`` (a worker shutting down, a test's teardown) may come at any moment, from any thread: it
+    never meets a thread created but not yet started, which ``join`` refuses with ``RuntimeError``."""
+    errors: list[BaseException] = []
+    real_start = threading.Thread.start
+
+    def stop_in_between(thread: threading.Thread) -> None:
+        if thread.name == "celery-fence-renewer":  # created, not started yet: another thread stops now
+            def stop() -> None:
+                try:
+                    renewer.stop()
+                except BaseException as exc:
+                    errors.append(exc)
+
+            stopper = threading.Thread(target=stop)
+            real_start(stopper)
+            stopper.join()
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", stop_in_between)
+    _track(renewer, "k", [])  # starts the thread
+    assert errors == []
