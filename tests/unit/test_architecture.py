@@ -274,3 +274,13 @@ def test_nothing_in_the_repository_cites_the_design_file_it_does_not_hold() -> N
     this = Path(__file__).resolve()
     citing = [str(p.relative_to(ROOT)) for p in files if p.resolve() != this and "DESIGN" in p.read_text()]
     assert citing == []
+
+
+def test_one_ordinary_run_crosses_at_most_twelve_modules(tmp_path: Path) -> None:
+    """The path a reader follows through one ordinary run (a fenced task with a step, on SQLite): the
+    modules whose functions it calls, as ``python -m benchmarks.run_path`` prints them."""
+    from benchmarks.run_path import modules_of_one_run
+
+    crossed = modules_of_one_run(f"sqlite:///{tmp_path / 'fence.db'}")
+    assert len(crossed) <= 12, sorted(crossed)
+    assert {"celery_fence.run", "celery_fence.stores.sql.store"} <= set(crossed)  # it did count the run
