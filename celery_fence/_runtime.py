@@ -1,5 +1,5 @@
 """What a worker process keeps for one Celery app: its settings, its store client, its renewer thread, and
-the records it owes its store. No Celery import.
+the records it owes its store (:mod:`._owed`). No Celery import.
 
 Tied to the app, created lazily in the process that runs tasks (a prefork child after fork, never the
 parent); a forked child drops its parent's (:mod:`celery_fence._process`), so no client is ever shared
@@ -23,13 +23,6 @@ transaction) past the point where it could still land before the lease's local d
 (``LeasePolicy.lock_wait``, set with ``stores.waits.lock_wait``): it gives up with ``StoreUnavailable`` and is
 retried, so the renewer is back in time to renew again or to report the loss, whatever the store's own busy
 timeout. Groups are renewed earliest deadline first.
-
-**The records it owes** (:class:`OwedRecords`): the ``strand`` of each run that gave up (an unavailable
-store waited out, the fence's re-sends spent), and the release of each run that ended FAILURE, ``Reject``
-or ``Ignore`` whose release did not reach the store (else its lease would expire and recovery would run it
-again). The store is down when such a run ends, so the record usually cannot be written then; the runtime
-keeps it and writes it once the store answers again (after the next acquire that succeeds in the process),
-or when it closes. A record still owed then is logged at ``ERROR``: never dropped silently.
 """
 
 from __future__ import annotations
@@ -37,27 +30,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from . import _failpoints
-from ._delivery import Stranded
 from ._interrupt import Interrupter
+from ._owed import OwedRecords
 from ._process import forget_in_child
 from .config import FenceConfig
-from .errors import FenceError, StoreUnavailable
+from .errors import StoreUnavailable
 from .lease import Lease, LeasePolicy, OwnerNames
 from .stores import Store, open_store
-from .stores.base import RecoveryStore, lacking
 from .stores.waits import lock_wait
 
 __all__ = [
-    "MAX_OWED",
     "FenceRuntime",
-    "OwedRecords",
-    "Released",
     "Renewer",
     "runtime_for",
     "settle_at_exit",
@@ -123,6 +111,11 @@ class FenceRuntime:
                 if self._renewer is None:
                     self._renewer = Renewer(store, self.config.policy.interval, self.clock)
         return self._renewer
+
+    def flush_owed(self, store: Store) -> None:
+        """The store answered: write what this process owes it. Nothing owed (the rule) costs no call."""
+        if self.owed.records:
+            self.owed.flush(store)
 
     def settle(self) -> None:
         """Write what this process owes its store, or log it (ERROR): it is closing or ending."""
@@ -380,104 +373,3 @@ class Renewer:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-
-
-# -- the records it owes its store --
-
-MAX_OWED = 1_000  # records kept per process: a long outage must not grow memory without bound
-
-
-@dataclass(frozen=True)
-class Released:
-    """The release a run owes after it ended FAILURE, ``Reject`` or ``Ignore``: ``Store.release(lease)``."""
-
-    task_id: str
-    lease: Lease
-
-    @property
-    def key(self) -> str:
-        return self.lease.key
-
-    @property
-    def reason(self) -> str:
-        return f"the release of token {self.lease.token} after the run ended"
-
-
-Owed = Stranded | Released
-
-
-class OwedRecords:
-    """The records this process owes its store, oldest first. Thread-safe (the threads pool)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._owed: deque[Owed] = deque()
-
-    def __len__(self) -> int:
-        return len(self._owed)
-
-    def write(self, store: Store, record: Owed) -> None:
-        """Write the record now if the store takes it, else keep it owed. A store without the recovery role
-        keeps no give-up record: said once per run, at WARNING, and nothing is owed."""
-        if isinstance(record, Stranded) and lacking(store, RecoveryStore):
-            log.warning("fence: the store keeps no give-up records (no recovery role): %s", record.reason)
-            return
-        if not _written(store, record):
-            log.warning(
-                "fence: the record of %s (key %r) is owed: the store did not take it; it is written after "
-                "the next acquire in this process",
-                record.task_id, record.key,
-            )
-            self._keep(record)
-
-    def flush(self, store: Store) -> None:
-        """Write what is owed, oldest first, up to the first record the store does not take (it is still
-        unavailable: the rest would only wait for it too). Cheap when nothing is owed."""
-        while self._owed and (record := self._pop()) is not None:
-            if not _written(store, record):
-                self._keep(record, first=True)
-                return
-            log.info("fence: wrote the owed record of %s (key %r)", record.task_id, record.key)
-
-    def close(self, store: Store | None) -> None:
-        """Flush, then log what is still owed (at ERROR): this process will not write it."""
-        if store is not None:
-            self.flush(store)
-        while (record := self._pop()) is not None:
-            _not_written(record, "the store did not take it before this process closed it")
-
-    def _pop(self) -> Owed | None:
-        with self._lock:
-            return self._owed.popleft() if self._owed else None
-
-    def _keep(self, record: Owed, first: bool = False) -> None:
-        with self._lock:
-            if first:
-                self._owed.appendleft(record)
-            else:
-                self._owed.append(record)
-            dropped = self._owed.popleft() if len(self._owed) > MAX_OWED else None
-        if dropped is not None:
-            _not_written(dropped, f"over {MAX_OWED} records owed in this process")
-
-
-def _written(store: Store, record: Owed) -> bool:
-    """One ``strand`` or ``release`` call; ``False`` if the store did not take it (best effort)."""
-    try:
-        if isinstance(record, Released):
-            store.release(record.lease)  # token-checked: a takeover since makes it a no-op
-            return True
-        marked = store.strand(record.key, record.run, record.reason)
-    except FenceError as exc:
-        log.warning("fence: %s of %r failed: %s", type(record).__name__.lower(), record.key, exc)
-        return False
-    if not marked:  # someone leased or finished the key meanwhile: its state says more than this record
-        log.info("fence: no record of %s written: key %r is no longer free", record.task_id, record.key)
-    return True
-
-
-def _not_written(record: Owed, why: str) -> None:
-    log.error(
-        "fence: record not written: %s gave up on key %r (%s); %s",
-        record.task_id, record.key, record.reason, why,
-    )

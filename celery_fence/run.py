@@ -25,8 +25,9 @@ from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, Time
 from . import _failpoints
 from ._decide import Action, Event, Facts, View, asks_backend, decide, holder_of, view_of
 from ._delivery import ENDED_STATES, FAILED_STATES, Attempt, Ending, run_name
+from ._owed import Released
 from ._resends import Resends
-from ._runtime import FenceRuntime, OnLost, OnRenewed, Released
+from ._runtime import FenceRuntime, OnLost, OnRenewed
 from .config import FenceConfig
 from .errors import AlreadyDone, FenceError, LeaseHeld, LeaseLost, StaleToken, StoreUnavailable
 from .fence import Fence
@@ -156,7 +157,7 @@ class Run:
 
     def _attempt(self, fence: Fence, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ending:
         try:
-            self.runtime.owed.flush(self.store)  # the store answers again: what this process owes it
+            self.runtime.flush_owed(self.store)  # the store answers again: what this process owes it
             result = self._body(fence, args, kwargs)
         except (LeaseLost, StaleToken) as exc:
             return self._refused(fence, exc)

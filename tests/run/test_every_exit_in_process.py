@@ -15,7 +15,8 @@ from celery.signals import before_task_publish
 from sqlalchemy import text
 
 from celery_fence import FencedTask
-from celery_fence._runtime import OwedRecords, runtime_for
+from celery_fence._owed import OwedRecords
+from celery_fence._runtime import runtime_for
 from celery_fence.recovery import recover_abandoned
 from celery_fence.signals import lease_duplicate
 from celery_fence.stores.sql import SQLStore

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_fence import FencedTask, StoreUnavailable, _runtime
+from celery_fence import FencedTask, StoreUnavailable, _owed
 from celery_fence._delivery import Stranded
-from celery_fence._runtime import OwedRecords, runtime_for
+from celery_fence._owed import OwedRecords
+from celery_fence._runtime import runtime_for
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import Fault, IndeterminateStore, Outcome
 from celery_fence.worker.bootstep import settle_owed_records
@@ -77,7 +78,7 @@ def test_a_key_leased_meanwhile_is_no_longer_owed(store: MemoryStore) -> None:
 def test_past_the_bound_the_oldest_record_is_logged_as_not_written(
     store: MemoryStore, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_runtime, "MAX_OWED", 2)
+    monkeypatch.setattr(_owed, "MAX_OWED", 2)
     records = OwedRecords()
     for n in (1, 2, 3):
         records.write(failing(store), record(n))

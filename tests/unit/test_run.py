@@ -16,7 +16,8 @@ from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 
 from celery_fence import GaveUp, LeaseHeld, StaleToken, StoreUnavailable
 from celery_fence._delivery import Attempt, Ending, Kind
-from celery_fence._runtime import FenceRuntime, Released, Renewer
+from celery_fence._owed import Released
+from celery_fence._runtime import FenceRuntime, Renewer
 from celery_fence.fence import Fence
 from celery_fence.run import Run
 from celery_fence.stores.memory import MemoryStore
