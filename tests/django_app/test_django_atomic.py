@@ -362,3 +362,26 @@ def test_fence_atomic_on_a_store_that_is_not_django_names_the_fix(tmp_path: Any)
         pass
     assert not fence.joined  # nothing was opened
     store.close()
+
+
+def test_an_sqlalchemy_session_joins_the_same_django_transaction(app: Celery, store: Any, alias: str) -> None:
+    fail = {"now": True}
+
+    @app.task(base=FencedTask, bind=True, shared=False)
+    def pay(self: Any) -> str:
+        key = self.fence.key
+        with self.fence.atomic():
+            Order.objects.using(alias).create(key=key, what="1-django")
+        with self.fence.session() as session:  # SQLAlchemy's ORM on Django's connection, in its transaction
+            insert = "INSERT INTO orders_order (key, what, paid) VALUES (:k, '2-session', 0)"
+            session.execute(text(insert), {"k": key})
+        if fail["now"]:
+            raise RuntimeError("both roll back with the run's transaction")
+        return "paid"
+
+    key = new_key()
+    assert pay.apply(task_id=key).failed()
+    assert orders(alias, key) == []
+    fail["now"] = False
+    assert pay.apply(task_id=key).get() == "paid"
+    assert orders(alias, key) == [("1-django", 0), ("2-session", 0)]
