@@ -51,4 +51,4 @@ CELERY_RESULT_BACKEND = os.environ.get("SHOP_RESULT_BACKEND", "redis://127.0.0.1
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_FENCE_STORE_URL = "django://default"  # the leases live in the database the ORM writes go to
-CELERY_FENCE_LEASE_TTL = 30
+CELERY_FENCE_LEASE_TTL = int(os.environ.get("SHOP_FENCE_LEASE_TTL", "30"))  # the worker tests take 3 s

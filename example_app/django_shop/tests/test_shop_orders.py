@@ -11,25 +11,11 @@ from sqlalchemy import text
 
 from celery_fence.signals import lease_acquired
 from celery_fence.stores import open_store
+from tests.effects import DONE, UNTOUCHED, effects
 
 from orders import tasks
-from orders.models import Notification, Order, Payment, Shipment, Stock
+from orders.models import Order
 from shopsite.celery import app
-
-
-def effects(order: Order) -> dict[str, Any]:
-    order.refresh_from_db()
-    return {
-        "status": order.status,
-        "payments": Payment.objects.filter(order=order).count(),
-        "shipments": Shipment.objects.filter(order=order).count(),
-        "notified": Notification.objects.filter(order=order).count(),
-        "stock": Stock.objects.get(sku=order.sku).qty,
-    }
-
-
-DONE = {"status": "shipped", "payments": 1, "shipments": 1, "notified": 1, "stock": 9}
-UNTOUCHED = {"status": "new", "payments": 0, "shipments": 0, "notified": 0, "stock": 10}
 
 
 def test_an_order_is_processed_once_and_notified_after_the_commit(order: Order) -> None:
