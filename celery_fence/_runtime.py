@@ -52,7 +52,7 @@ __all__ = [
     "wrap_stores",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("celery_fence.renewer")  # only the renewer logs here: the name users filter on
 
 _ATTR = "_celery_fence_runtime"
 _WRAP = "_celery_fence_store_wrapper"  # on the app, so a forked child's new runtime wraps its store too
