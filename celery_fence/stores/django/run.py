@@ -32,7 +32,7 @@ from ..sql.errors import (  # what a driver error means, and what of it a caller
     safe_url,
     user_statement_errors,
 )
-from ..sql.run import RunTransaction, _refuse_hand_made  # the same refusal, its message naming the fix
+from ..sql.run import RunTransaction
 from ..sql.statements import LeaseStatements
 from .borrowed import BorrowedConnection
 
@@ -164,21 +164,13 @@ class DjangoRunTransaction(RunTransaction):
                 conn = self._borrowed.connect()
                 if self._lock_timeouts is not None:  # the store's sessions' limits, for this transaction only
                     conn.exec_driver_sql(self._lock_timeouts)
-                idle_ms = max(1, int(ttl * 1000))  # a paused holder blocks a takeover for one ttl at most
-                current = statements.guard(conn, self.lease, "step" if step else "write", step, idle_ms)
+                current = self._guard(conn, ttl, step)
         except BaseException:
             self.close()
             raise
-        if not current:
-            conn.close()
-            self.close()
-            statements.refuse(self.lease, f"step {step}" if step else "write")
-        # The caller's SQLAlchemy connection refuses to end the run's transaction (Django's own commit()
-        # is refused inside atomic() by Django); this class ends it through the outermost atomic().
-        conn.commit = _refuse_hand_made("commit")  # type: ignore[method-assign]
-        conn.rollback = _refuse_hand_made("rollback")  # type: ignore[method-assign]
-        failpoint("after-guard")
-        return conn
+        # Django's own commit() is refused inside atomic() by Django; this class ends the run's transaction
+        # through the outermost atomic().
+        return self._guarded(conn, current, step)
 
     def _commit(self) -> None:
         """Leave the outermost ``atomic()``: Django commits, then runs the ``on_commit`` callbacks."""

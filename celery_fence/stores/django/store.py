@@ -10,8 +10,6 @@ Django's connection for the alias in the run's thread, so the ORM writes in it a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,7 +17,6 @@ from urllib.parse import urlsplit
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils.connection import ConnectionDoesNotExist
-from sqlalchemy import Connection
 from sqlalchemy.engine import URL
 
 from ...errors import ConfigurationError
@@ -156,22 +153,7 @@ class DjangoStore(SQLStore):
                 f"set_config('{name}', '{int(value * 1000)}', true)" for name, value in ms.items()
             )
 
-    def begin_run(self, lease: Lease, ttl: float) -> DjangoRunTransaction:
-        """Open the run's transaction on Django's connection: the lease row checked and locked until it
-        commits with the completion or rolls back. ``StaleToken``: not current."""
-        self.connections.ready()
-        return DjangoRunTransaction(self.statements, self.borrowed, lease, ttl, self._timeouts)
-
-    @contextmanager
-    def transaction(self, lease: Lease, step: str | None = None) -> Iterator[Connection]:
-        """A transaction on Django's connection in which the lease row is checked and locked until commit:
-        a run transaction of one block that commits when the block ends (an atomic step's)."""
-        self.connections.ready()
-        idle = self.limits.idle_in_transaction
-        run_tx = DjangoRunTransaction(self.statements, self.borrowed, lease, idle, self._timeouts, step)
-        try:
-            with run_tx.block() as conn:
-                yield conn
-            run_tx.commit()
-        finally:
-            run_tx.close()  # rolls back whatever was not committed
+    def _run_transaction(self, lease: Lease, ttl: float, step: str | None = None) -> DjangoRunTransaction:
+        """The run's transaction on Django's connection (``begin_run``, and ``transaction()`` of one block):
+        the lease row checked and locked until it commits or rolls back. ``StaleToken``: not current."""
+        return DjangoRunTransaction(self.statements, self.borrowed, lease, ttl, self._timeouts, step)

@@ -46,6 +46,7 @@ class RunTransaction:
         self._tx: Any = None  # the root Transaction: the one way this class ends it
         self._blocks = 0
         self.lost_work = False  # it ended with earlier blocks' writes undone: the run cannot go on
+        self.conn: Connection | None = None  # until _begin returns it
         self.conn = self._begin(ttl, step)
 
     @property
@@ -118,16 +119,24 @@ class RunTransaction:
             conn = statements.connect()
             try:
                 self._tx = conn.begin()
-                idle_ms = max(1, int(ttl * 1000))  # a paused holder blocks a takeover for one ttl at most
-                current = statements.guard(conn, self.lease, "step" if step else "write", step, idle_ms)
+                current = self._guard(conn, ttl, step)
             except BaseException:
                 conn.close()
                 raise
+        return self._guarded(conn, current, step)
+
+    def _guard(self, conn: Connection, ttl: float, step: str | None) -> bool:
+        """Check and lock the lease row in the transaction just begun on ``conn``: is the token current?"""
+        idle_ms = max(1, int(ttl * 1000))  # a paused holder blocks a takeover for one ttl at most
+        return self.statements.guard(conn, self.lease, "step" if step else "write", step, idle_ms)
+
+    def _guarded(self, conn: Connection, current: bool, step: str | None) -> Connection:
+        """``conn`` once the guard answered: refused (``StaleToken``, the transaction ended first) or the
+        caller's, which refuses to end the run's transaction (this class ends it its own way)."""
         if not current:
             conn.close()
-            statements.refuse(self.lease, f"step {step}" if step else "write")
-        # The caller's connection refuses to end the run's transaction; this class ends it through the
-        # Transaction object (``self._tx``), which never calls these.
+            self.close()
+            self.statements.refuse(self.lease, f"step {step}" if step else "write")
         conn.commit = _refuse_hand_made("commit")  # type: ignore[method-assign]
         conn.rollback = _refuse_hand_made("rollback")  # type: ignore[method-assign]
         failpoint("after-guard")

@@ -113,14 +113,18 @@ class SQLStore:
         """Open the run's transaction: the lease row checked and locked until it commits with the
         completion (``RunTransaction.complete``) or rolls back (``close``). ``StaleToken``: not current."""
         self.connections.ready()
-        return RunTransaction(self.statements, lease, ttl)
+        return self._run_transaction(lease, ttl)
+
+    def _run_transaction(self, lease: Lease, ttl: float, step: str | None = None) -> RunTransaction:
+        """A run's transaction on this store's connections (a store on another's connection makes its own)."""
+        return RunTransaction(self.statements, lease, ttl, step)
 
     @contextmanager
     def transaction(self, lease: Lease, step: str | None = None) -> Iterator[Connection]:
         """A transaction in which the lease row is checked and locked until commit (see the protocol): a
         :class:`RunTransaction` of one block that commits when the block ends (an atomic step's)."""
         self.connections.ready()
-        run_tx = RunTransaction(self.statements, lease, self.limits.idle_in_transaction, step)
+        run_tx = self._run_transaction(lease, self.limits.idle_in_transaction, step)
         try:
             with run_tx.block() as conn:
                 yield conn
