@@ -25,9 +25,9 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connections
 
-from celery_fence._runtime import Renewer, runtime_for
 from celery_fence.stores import open_store
 from tests.django_app import settings as test_settings
+from tests.support.inprocess import eager_app
 from tests.support.required import require_server
 
 if not settings.configured:
@@ -94,11 +94,5 @@ def store(alias: str) -> Iterator[Any]:
 @pytest.fixture
 def app(store: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Celery]:
     """A Celery app whose fenced tasks run in process (``task.apply()``) on ``store``."""
-    monkeypatch.setattr(Renewer, "_ensure_thread", lambda self: None)  # eager runs: no background renews
-    app = Celery("django-run", broker="memory://", backend="cache+memory://", set_as_current=False)
-    app.conf.fence_store_url = store.url
-    runtime = runtime_for(app)
-    runtime._store = store
-    yield app
-    runtime._store = None
-    runtime.close()
+    with eager_app("django-run", store, monkeypatch) as app:
+        yield app

@@ -17,10 +17,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from celery_fence import FencedTask, StaleToken, UsageError, open_store
-from celery_fence._runtime import Renewer, runtime_for
 from celery_fence.fence import Fence
 from tests.support.forked import exit_code_of
 from tests.support.harnesses import Harness
+from tests.support.inprocess import eager_app
 
 
 class Base(DeclarativeBase):
@@ -45,14 +45,8 @@ def orders(store: Any) -> Iterator[None]:
 
 @pytest.fixture
 def app(store: Any, orders: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Celery]:
-    monkeypatch.setattr(Renewer, "_ensure_thread", lambda self: None)  # eager runs: no background renews
-    app = Celery("orm", broker="memory://", backend="cache+memory://", set_as_current=False)
-    app.conf.fence_store_url = store.url
-    runtime = runtime_for(app)
-    runtime._store = store
-    yield app
-    runtime._store = None
-    runtime.close()
+    with eager_app("orm", store, monkeypatch) as app:
+        yield app
 
 
 def stored(store: Any) -> dict[str, str]:

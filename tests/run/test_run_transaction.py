@@ -15,10 +15,11 @@ from celery import Celery
 from sqlalchemy import text
 
 from celery_fence import FencedTask, LeaseHeld, StoreUnavailable, UsageError
-from celery_fence._runtime import Renewer, runtime_for
+from celery_fence._runtime import Renewer
 from celery_fence.fence import Fence
 from celery_fence.lease import LeasePolicy
 from tests.support.harnesses import Harness
+from tests.support.inprocess import eager_app
 
 EFFECTS = "fence_test_tx_effects"
 
@@ -28,16 +29,10 @@ pytestmark = pytest.mark.stores(transactions=True)
 
 @pytest.fixture
 def app(store: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Celery]:
-    monkeypatch.setattr(Renewer, "_ensure_thread", lambda self: None)  # eager runs: no background renews
-    app = Celery("run-tx", broker="memory://", backend="cache+memory://", set_as_current=False)
-    app.conf.fence_store_url = store.url
     with store.engine.begin() as conn:
         conn.execute(text(f"CREATE TABLE {EFFECTS} (key TEXT, what TEXT)"))
-    runtime = runtime_for(app)
-    runtime._store = store
-    yield app
-    runtime._store = None
-    runtime.close()
+    with eager_app("run-tx", store, monkeypatch) as app:
+        yield app
     with store.engine.begin() as conn:
         conn.execute(text(f"DROP TABLE {EFFECTS}"))
 

@@ -4,14 +4,17 @@ once), on an app with the memory broker and result backend; gates that hold a ru
 from __future__ import annotations
 
 import threading
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
+import pytest
 from celery import Celery
 
+from celery_fence._runtime import Renewer, runtime_for
 from celery_fence.testing import in_process_worker
 
-__all__ = ["Gates", "memory_app", "running_worker"]
+__all__ = ["Gates", "eager_app", "memory_app", "running_worker"]
 
 
 def memory_app(name: str, **conf: Any) -> Celery:
@@ -20,6 +23,22 @@ def memory_app(name: str, **conf: Any) -> Celery:
     app.conf.update(conf)
     app.conf.broker_transport_options = {"polling_interval": 0.01}
     return app
+
+
+@contextmanager
+def eager_app(name: str, store: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Celery]:
+    """An app whose fenced tasks run in process (``task.apply()``) on ``store``, with no background renews;
+    the store stays open for its own fixture to close."""
+    monkeypatch.setattr(Renewer, "_ensure_thread", lambda self: None)
+    app = Celery(name, broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.fence_store_url = store.url
+    runtime = runtime_for(app)
+    runtime._store = store
+    try:
+        yield app
+    finally:
+        runtime._store = None
+        runtime.close()
 
 
 def running_worker(app: Celery, pool: str = "solo", concurrency: int = 1) -> AbstractContextManager[Any]:
