@@ -32,7 +32,7 @@ A later prune drops old markers, so a key acquired long after its prune is no lo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .lease import HistoryEvent
@@ -93,6 +93,9 @@ def verify(
         state = keys.setdefault(event.key, _Key())
         if event.event in ISSUING:
             found += _issue(state, event, issued, None if scope is None else scope(event.key))
+        elif event.event == "commit":  # a fenced commit: a token issued and the key completed in one
+            found += _issue(state, event, issued, None if scope is None else scope(event.key))
+            found += _accept(state, replace(event, event="complete"))
         elif event.event == "pruned":
             state.completed, state.steps, state.held, state.pruned = None, set(), False, event
             state.written = None

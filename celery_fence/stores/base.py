@@ -37,6 +37,7 @@ EVENTS = (
     "write",  # a fenced transaction committed with the current token
     "step",  # a checkpointed step committed (detail: the step name)
     "complete",  # the result was stored with the current token and the lease released
+    "commit",  # a fenced commit (fence_mode="commit"): a new token issued and the key completed in one
     "release",  # the holder gave the lease back (exception or retry)
     "refused",  # a write with a stale token was rejected (detail: what was refused)
     "admin-release",  # an operator bumped the token: every holder is fenced out

@@ -120,5 +120,6 @@ def test_the_django_migration_makes_the_schema_celery_fence_migrate_makes_on_pos
         by_django, by_migrate = describe(conn, "public"), describe(conn, fresh)
     engine.dispose()
     assert by_django == by_migrate
-    # the triggers (audit: INSERT and UPDATE; rewind), their 2 functions, 3 sequences (the tokens', the ids')
-    assert len(by_django["triggers"]) == 3 + 2 + 3
+    # the triggers (audit: INSERT and UPDATE; rewind), 3 functions (theirs, fence_unchanged), 3 sequences
+    # (the tokens', the ids')
+    assert len(by_django["triggers"]) == 3 + 3 + 3

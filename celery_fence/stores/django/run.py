@@ -45,6 +45,8 @@ class DjangoRunTransaction(RunTransaction):
     """One run's open transaction on Django's connection (see the module docstring). What it shares with
     the SQL store's (``save_step``, ``open``, the refusal of a hand-made commit) it inherits."""
 
+    OWN_CONNECTION = False  # Django begins and ends it
+
     def __init__(
         self,
         statements: LeaseStatements,

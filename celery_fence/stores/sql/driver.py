@@ -28,6 +28,7 @@ import select
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Connection, Engine, PoolProxiedConnection, TextClause, event
@@ -42,7 +43,7 @@ from .errors import driver_error, not_sent, read_only, safe_url
 from .queries import Queries, queries_for
 from .schema import migrate, schema_current
 
-__all__ = ["Connections", "translate_errors"]
+__all__ = ["Connections", "compiled", "in_one_round_trip", "translate_errors"]
 
 _HOT = ("acquire", "complete", "renew", "release")
 _BUSY_MS = "fence_busy_ms"  # key of a pool entry's ``info``: the busy timeout its connection has now
@@ -125,10 +126,49 @@ def translate_errors(url: str) -> Iterator[None]:
         raise StoreUnavailable(f"fence store {safe_url(url)} failed: {exc}") from exc
 
 
+# -- a run's transaction: its first statement sent with BEGIN, its last with COMMIT --
+
+
+def in_one_round_trip(
+    url: str, conn: Connection, compiled: tuple[str, tuple[str, ...] | None], params: Mapping[str, Any],
+    begin: bool = False, commit: bool = False,
+) -> list[Any]:
+    """The rows of one statement on ``conn``, sent in one round trip with the ``BEGIN`` before it (``begin``:
+    the transaction's first statement) or the ``COMMIT`` behind it (``commit``): one simple-protocol query
+    of two statements, its parameters bound by the driver's ``ClientCursor``. A statement that fails makes
+    the server skip the ``COMMIT``: the caller then rolls back by closing ``conn``. PostgreSQL only.
+
+    psycopg would send a ``BEGIN`` of its own, in a round trip of its own, before the first statement of a
+    connection out of autocommit; so the connection is in autocommit from our ``BEGIN`` to our ``COMMIT``
+    (the server is in the transaction block all the same), and the engine's ``checkin`` puts it back."""
+    dbapi: Any = conn.connection.driver_connection
+    try:
+        cursor = conn.dialect.loaded_dbapi.ClientCursor(dbapi)
+        statement = cursor.mogrify(compiled[0], params)
+        if begin:
+            dbapi.autocommit = True  # no transaction yet: no round trip
+            statement = f"BEGIN; {statement}"
+        cursor.execute(f"{statement}; COMMIT" if commit else statement)
+        if begin:
+            cursor.nextset()  # past BEGIN's result, to the statement's
+        rows, names = cursor.fetchall(), [column.name for column in cursor.description or ()]
+        if commit:
+            dbapi.autocommit = False  # committed: no transaction, no round trip
+    except Exception as exc:  # anything the driver raised
+        dialect = conn.dialect
+        if not isinstance(exc, dialect.loaded_dbapi.Error):
+            raise not_sent(url, exc) from exc
+        lost = dialect.is_disconnect(exc, dbapi, None) or read_only(exc)
+        if lost:
+            conn.invalidate(exc)
+        raise driver_error(url, exc, lost) from exc
+    return [SimpleNamespace(**dict(zip(names, row, strict=True))) for row in rows]  # as Row: by name
+
+
 # -- the hot statements, on a held connection --
 
 
-def _compile(clause: TextClause, dialect: Dialect) -> tuple[str, tuple[str, ...] | None]:
+def compiled(clause: TextClause, dialect: Dialect) -> tuple[str, tuple[str, ...] | None]:
     """The driver's SQL text, and the parameters' order for a positional style (``None``: by name)."""
     compiled = clause.compile(dialect=dialect)
     order = tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None
@@ -140,7 +180,7 @@ class DriverStatements:
 
     def __init__(self, url: str, engine: Engine, queries: Queries, lock_limit: float) -> None:
         self.url, self.engine = url, engine
-        self._compiled = {name: _compile(getattr(queries, name), engine.dialect) for name in _HOT}
+        self._compiled = {name: compiled(getattr(queries, name), engine.dialect) for name in _HOT}
         self._held: tuple[PoolProxiedConnection, DBAPICursor] | None = None
         self._held_lock = threading.Lock()
         self._lock_limit = lock_limit if engine.dialect.name == "sqlite" else None
@@ -225,6 +265,8 @@ def _guarded_engine(url: str, limits: SessionLimits, autocommit: bool = False) -
     engine = create_store_engine(url, limits, autocommit)
     if engine.dialect.name != "sqlite":
         event.listen(engine, "checkout", _drop_if_ended)
+        if not autocommit:
+            event.listen(engine, "checkin", _out_of_autocommit)
         event.listen(engine, "handle_error", _read_only_is_a_disconnect)
         return engine
 
@@ -250,6 +292,13 @@ def _drop_if_ended(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
         raise InvalidatePoolError("the server ended a pooled connection while it was idle")
     if _on_read_only_server(dbapi_conn):
         raise InvalidatePoolError("a pooled connection's server is read-only (a standby?)")
+
+
+def _out_of_autocommit(dbapi_conn: Any, _record: Any) -> None:
+    """A run's transaction that ended apart from its ``COMMIT`` (rolled back on its way back to the pool)
+    left its connection in autocommit (``in_one_round_trip``): the engine's connections are not."""
+    if dbapi_conn is not None and dbapi_conn.autocommit:
+        dbapi_conn.autocommit = False
 
 
 def _read_only_is_a_disconnect(context: Any) -> None:

@@ -81,11 +81,19 @@ class RowLocked(StoreUnavailable):
     """A statement met a row lock it would not wait for (PostgreSQL 55P03): an acquire reads it as held."""
 
 
+class Unchanged(FenceError):
+    """A completion or a fenced commit's claim changed no row, and failed its transaction on purpose
+    (PostgreSQL's ``fence_unchanged()``, FE002): nothing of it committed. The caller reads the key to say
+    why (a newer token, or the key finished by another run)."""
+
+
 def driver_error(url: str, orig: BaseException, lost: bool) -> FenceError:
     """What driver exception ``orig`` means to a caller; ``lost``: the connection is gone with it (the
     statement's outcome is unknown unless the server said otherwise)."""
     message = str(orig).splitlines()[0] if str(orig) else type(orig).__name__
     code = getattr(orig, "sqlstate", None)
+    if code == "FE002":
+        return Unchanged(message)
     if code == "55P03":
         return RowLocked(f"fence store {safe_url(url)}: a row is locked: {message}")
     if _is_locked(orig):  # SQLite's busy timeout ran out: another process holds the write lock

@@ -54,6 +54,17 @@ class _Dialect:
     # timeout (:idle_ms) in the same round trip, which a SET LOCAL before it took one of its own.
     idle_timeout: str = ""
 
+    def must_change(self, statement: str, what: str) -> str:
+        """``statement`` (whose changed rows are the CTE ``changed``) failing its transaction when it changed
+        no row, where this dialect can (PostgreSQL: ``fence_unchanged()``), so a ``COMMIT`` sent behind it
+        in the same round trip rolls back instead; elsewhere the caller sees no row and rolls back."""
+        if self.self_logged == "NULL":
+            return statement
+        return (
+            f"{statement}\n            UNION ALL SELECT fence_unchanged(:key, '{what}')"
+            " WHERE NOT EXISTS (SELECT 1 FROM changed)"
+        )
+
     def logged(self, change: str, returning: str, probe: str = "") -> str:
         """``change`` (an INSERT or UPDATE of one lease row) returning ``returning``, with its history line
         written in the same statement where this dialect does that (the row's ``event`` is the line's)."""
@@ -100,6 +111,8 @@ class Queries:
     state: TextClause
     renew: TextClause
     complete: TextClause
+    complete_or_fail: TextClause
+    claim: TextClause
     release: TextClause
     guard: TextClause
     open_guard: TextClause
@@ -129,6 +142,10 @@ def queries_for(dialect_name: str) -> Queries:
         f"key, token, owner, expires_at - {d.now} AS expires_in, done, result, dead, recoveries,"
         " recovery_sent, run"
     )
+    complete = d.logged(f"""
+            UPDATE fence_leases SET done = true, result = :result, expires_at = NULL,
+              finished_at = {d.now}, event = 'complete', detail = {d.self_logged}
+            WHERE {_CURRENT}""", "token")
     return Queries(
         # Take the lease if it is free or expired: one statement; no row back means held or done.
         acquire=text(d.logged(f"""
@@ -151,10 +168,25 @@ def queries_for(dialect_name: str) -> Queries:
             UPDATE fence_leases SET expires_at = {d.now} + :ttl
             WHERE (key, token) IN ({d.pairs}) AND {_HELD}
             RETURNING key, token"""),
-        complete=text(d.logged(f"""
-            UPDATE fence_leases SET done = true, result = :result, expires_at = NULL,
-              finished_at = {d.now}, event = 'complete', detail = {d.self_logged}
-            WHERE {_CURRENT}""", "token")),
+        complete=text(complete),
+        # The same in a run's transaction, sent with its COMMIT: a completion that matches no row fails.
+        complete_or_fail=text(d.must_change(complete, "completion")),
+        # A fenced commit (fence_mode="commit"): the key done with the result, inside the run's transaction,
+        # unless it is done already or leased. Two copies that reach it at once meet on the key's unique
+        # index (or its row lock): the second waits for the first's transaction, then sees the row it left.
+        claim=text(d.must_change(d.logged(f"""
+            INSERT INTO fence_leases
+              (key, token, owner, expires_at, done, result, finished_at, run, recoveries, event, detail)
+            SELECT :key, {d.next_token}, :owner, NULL, true, :result, {d.now}, :run, 0, 'commit',
+              {d.self_logged}
+            WHERE true
+            ON CONFLICT (key) DO UPDATE SET
+              token = excluded.token, owner = excluded.owner, expires_at = NULL, done = true,
+              result = excluded.result, finished_at = excluded.finished_at, run = excluded.run, dead = NULL,
+              recovery_sent = 0, event = 'commit', detail = excluded.detail
+            WHERE NOT fence_leases.done
+              AND (fence_leases.expires_at IS NULL OR fence_leases.expires_at <= {d.now})""",
+            "token"), "claim")),
         release=text(f"""
             UPDATE fence_leases SET expires_at = NULL, event = 'release', detail = NULL
             WHERE {_CURRENT} RETURNING token"""),

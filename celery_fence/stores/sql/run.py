@@ -24,7 +24,7 @@ from ..._failpoints import failpoint
 from ...errors import StaleToken, StoreUnavailable, UsageError
 from ...lease import Lease
 from .driver import translate_errors
-from .errors import user_statement_errors
+from .errors import Unchanged, user_statement_errors
 from .statements import LeaseStatements
 
 __all__ = ["RunTransaction"]
@@ -38,6 +38,10 @@ _HAND_MADE = (
 
 class RunTransaction:
     """One run's open transaction on the store's database (see the module docstring)."""
+
+    # The connection is the store's own, so its BEGIN and COMMIT go with the guard and the completion
+    # (``LeaseStatements.first``/``last``); a connection borrowed from Django is Django's to begin and end.
+    OWN_CONNECTION = True
 
     def __init__(
         self, statements: LeaseStatements, lease: Lease, ttl: float, step: str | None = None
@@ -77,12 +81,11 @@ class RunTransaction:
         conn = self._usable()
         params = self.statements.complete_params(self.lease, result)
         try:
+            failpoint("before-commit")
             with translate_errors(self.statements.url):
-                completed = conn.execute(self.statements.queries.complete, params).first()
-                if completed is None:  # not while we hold the lock
-                    raise StaleToken(self.lease.key, self.lease.token, None, "complete")
-                failpoint("before-commit")
-                self._tx.commit()
+                self.statements.last(conn, self._tx, "complete_or_fail", params)  # one round trip
+        except Unchanged:  # not while we hold the lock
+            raise StaleToken(self.lease.key, self.lease.token, None, "complete") from None
         finally:
             self.close()
 
@@ -128,7 +131,8 @@ class RunTransaction:
     def _guard(self, conn: Connection, ttl: float, step: str | None) -> bool:
         """Check and lock the lease row in the transaction just begun on ``conn``: is the token current?"""
         idle_ms = max(1, int(ttl * 1000))  # a paused holder blocks a takeover for one ttl at most
-        return self.statements.guard(conn, self.lease, "step" if step else "write", step, idle_ms)
+        event = "step" if step else "write"
+        return self.statements.guard(conn, self.lease, event, step, idle_ms, self.OWN_CONNECTION)
 
     def _guarded(self, conn: Connection, current: bool, step: str | None) -> Connection:
         """``conn`` once the guard answered: refused (``StaleToken``, the transaction ended first) or the

@@ -34,7 +34,8 @@ __all__ = ["SCHEMA_VERSION", "SELF_LOGGED", "metadata", "migrate", "schema_curre
 
 # 2: fence_leases.recovery_sent; tokens capped at 2**53 - 1 (sequence MAXVALUE, SQLite range triggers)
 # 3: PostgreSQL's acquire and complete log themselves; the audit and rewind triggers are apart (SELF_LOGGED)
-SCHEMA_VERSION = 3
+# 4: fence_unchanged(), which fails a transaction whose completion or claim changed no row (PostgreSQL)
+SCHEMA_VERSION = 4
 metadata = MetaData()
 token_seq = Sequence("fence_token_seq", maxvalue=MAX_TOKEN, metadata=metadata)
 
@@ -101,6 +102,13 @@ fence_counter = Table(  # SQLite's token source; PostgreSQL uses fence_token_seq
 SELF_LOGGED = "chr(31) || 'self-logged'"  # SQL: no detail a person or a step name would write
 
 _PG_TRIGGER = """
+-- Called by a completion (or a fenced commit's claim) that changed no row: it fails the statement, so the
+-- COMMIT sent behind it in the same round trip is skipped, and the transaction rolls back instead.
+CREATE OR REPLACE FUNCTION fence_unchanged(key text, what text) RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION USING ERRCODE = 'FE002', MESSAGE = 'fence: the ' || what || ' of key ' || key
+    || ' changed no row';
+END $$;
 CREATE OR REPLACE FUNCTION fence_leases_rewound() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   RAISE EXCEPTION USING ERRCODE = 'FE001',

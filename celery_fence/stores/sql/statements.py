@@ -10,7 +10,7 @@ renew's parameters and a lease row's state.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from sqlalchemy import Connection, Row
@@ -18,10 +18,12 @@ from sqlalchemy import Connection, Row
 from ... import codec
 from ...errors import StaleToken
 from ...lease import Lease, LeaseState
-from .driver import Connections
-from .errors import safe_url
+from .driver import Connections, compiled, in_one_round_trip
+from .errors import Unchanged, safe_url
 
 __all__ = ["LeaseStatements", "lease_state", "renew_params"]
+
+_FIRST_OR_LAST = ("open_guard", "state", "complete_or_fail", "claim")  # sent with BEGIN or with COMMIT
 
 
 class LeaseStatements:
@@ -31,6 +33,32 @@ class LeaseStatements:
         self._connections = connections
         self.url, self.queries = connections.url, connections.queries
         self.max_value_bytes = max_value_bytes
+        # PostgreSQL sends a transaction's first statement with its BEGIN, and its last with its COMMIT, in
+        # one round trip each; SQLite is in the process: a statement is a call.
+        dialect = connections.engine.dialect
+        self._one_trip = {
+            name: compiled(getattr(self.queries, name), dialect) for name in _FIRST_OR_LAST
+        } if connections.dialect == "postgresql" else None
+
+    def first(self, conn: Connection, name: str, params: Mapping[str, Any]) -> Any:
+        """The first row (or ``None``) of statement ``name``, the first of ``conn``'s transaction."""
+        if self._one_trip is None:
+            return conn.execute(getattr(self.queries, name), params).first()
+        rows = in_one_round_trip(self.url, conn, self._one_trip[name], params, begin=True)
+        return rows[0] if rows else None
+
+    def last(self, conn: Connection, tx: Any, name: str, params: Mapping[str, Any]) -> Any:
+        """The first row of statement ``name``, then the commit of ``tx`` (``conn``'s root transaction):
+        ``Unchanged`` (nothing committed) when the statement changed no row."""
+        if self._one_trip is None:
+            row = conn.execute(getattr(self.queries, name), params).first()
+            if row is None:
+                raise Unchanged(f"the {name} of key {params['key']!r} changed no row")
+            tx.commit()
+            return row
+        rows = in_one_round_trip(self.url, conn, self._one_trip[name], params, commit=True)
+        tx.commit()  # SQLAlchemy's own bookkeeping: the driver has committed, so nothing is sent
+        return rows[0]
 
     @property
     def safe_url(self) -> str:
@@ -41,14 +69,19 @@ class LeaseStatements:
         return self._connections.engine.connect()
 
     def guard(
-        self, conn: Connection, lease: Lease, event: str, detail: str | None, idle_ms: int | None = None
+        self, conn: Connection, lease: Lease, event: str, detail: str | None, idle_ms: int | None = None,
+        with_begin: bool = False,
     ) -> bool:
         """Check and lock the lease row for the rest of ``conn``'s transaction. ``idle_ms``: the guard opens
-        a run's transaction, which a server that can (PostgreSQL) ends if it idles that long."""
+        a run's transaction, which a server that can (PostgreSQL) ends if it idles that long; ``with_begin``:
+        it is the first statement of ``conn``'s transaction, sent with its ``BEGIN`` (:meth:`first`)."""
         params = {"key": lease.key, "token": lease.token, "event": event, "detail": detail}
+        if idle_ms is None:
+            return conn.execute(self.queries.guard, params).first() is not None
         params["idle_ms"] = idle_ms
-        query = self.queries.guard if idle_ms is None else self.queries.open_guard
-        return conn.execute(query, params).first() is not None
+        if with_begin:
+            return self.first(conn, "open_guard", params) is not None
+        return conn.execute(self.queries.open_guard, params).first() is not None
 
     def refuse(self, lease: Lease, what: str) -> NoReturn:
         """Record the refusal of ``what`` in its own statement, then raise ``StaleToken`` with the current

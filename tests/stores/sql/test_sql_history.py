@@ -82,7 +82,7 @@ def test_a_schema_2_store_is_upgraded_in_place(pg: SQLStore) -> None:
     pg.migrate()
     with pg.engine.connect() as conn:
         version = conn.execute(text("SELECT value FROM fence_meta WHERE name = 'schema_version'")).scalar()
-    assert version == str(SCHEMA_VERSION) == "3"
+    assert version == str(SCHEMA_VERSION) == "4"
     lease = pg.acquire("k", "a", 30.0)
     pg.complete(lease, 1)
     assert _events(pg, "k") == [("acquire", lease.token), ("complete", lease.token)]

@@ -29,6 +29,7 @@ from celery_fence.testing import wait_for
 from tests.support.harnesses import HARNESSES
 from tests.support.racing import race
 from tests.support.reconnect import OPERATIONS, run_and_check
+from tests.support.round_trips import RoundTrips
 
 TTL = 30.0
 
@@ -128,20 +129,26 @@ def test_one_statement_per_operation(sql: SQLStore) -> None:
 
 def test_a_runs_transaction_opens_with_one_statement(sql: SQLStore) -> None:
     """The guard that checks and locks the lease row also sets PostgreSQL's idle timeout for the run's
-    transaction (set_config in its RETURNING): a SET LOCAL before it was a round trip of its own."""
+    transaction (set_config in its RETURNING): a SET LOCAL before it was a round trip of its own. On
+    PostgreSQL the guard goes with the transaction's BEGIN, in one round trip counted on the wire."""
     sql.migrate()
     fence = Fence(sql, sql.acquire("opens", "w", TTL), None, TTL)
     counter, opened, idle = StatementCounter(sql), [], []
     setting = "SELECT setting FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'"
+    wire = RoundTrips(sql.engine) if sql.dialect == "postgresql" else None
 
     def open_it() -> None:
         with fence.transaction() as conn:  # what follows the transaction's BEGIN (SQLite: BEGIN IMMEDIATE)
-            opened.append(len([q for q in counter.statements if not q.startswith("BEGIN")]))
+            opened.append(wire.total() if wire else len([q for q in counter.statements if "BEGIN" not in q]))
             if sql.dialect == "postgresql":
                 idle.append(conn.exec_driver_sql(setting).scalar())
 
-    counter.count(open_it)
-    fence.abort()
+    try:
+        counter.count(open_it)
+    finally:
+        fence.abort()
+        if wire is not None:
+            wire.close()
     assert opened == [1], counter.statements
     assert idle == ([str(int(TTL * 1000))] if sql.dialect == "postgresql" else [])
 

@@ -8,18 +8,12 @@ from typing import Any, ClassVar
 
 from django.db import migrations
 
-from ....stores.django.borrowed import BorrowedConnection
-from ....stores.sql.schema import migrate
-
-
-def create_fence_tables(apps: Any, schema_editor: Any) -> None:
-    with BorrowedConnection(schema_editor.connection.alias).connect() as conn:
-        migrate(conn)
+from . import migrate_fence_tables
 
 
 class Migration(migrations.Migration):
     initial = True
     dependencies: ClassVar[list[tuple[str, str]]] = []
     operations: ClassVar[list[Any]] = [
-        migrations.RunPython(create_fence_tables, migrations.RunPython.noop, elidable=False)
+        migrations.RunPython(migrate_fence_tables, migrations.RunPython.noop, elidable=False)
     ]
