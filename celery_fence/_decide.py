@@ -239,15 +239,21 @@ def asks_backend(event: Event, view: View) -> bool:
 
 
 def view_of(
-    state: LeaseState | None, token: int, task_id: str, handoff: int | None = None
+    state: LeaseState | None,
+    token: int,
+    task_id: str,
+    handoff: int | None = None,
+    claimant: str | None = None,
 ) -> View:
     """Classify ``state`` for the run holding (or having asked for) ``token`` as task ``task_id``.
 
     ``handoff`` is the token of the attempt that re-queued this copy (its message header), if any.
+    ``claimant``: the owner of a run of ``fence_mode="commit"``, which has no token until its claim draws
+    one; the key's row names it once that claim committed (owners are unique per run).
     """
     if state is None:
         return View.GONE
-    if state.token == token:
+    if state.token == token or (claimant is not None and state.owner == claimant):
         return _mine(state)
     if handoff is not None and state.token == handoff and not state.done and state.expires_in is not None:
         return View.HANDED_OFF

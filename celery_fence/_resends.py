@@ -160,10 +160,11 @@ class Resends:
         return self.send_again(countdown, {WAITING_SINCE: since, WAITS: self.attempt.waits + 1})
 
     def resend(
-        self, lease: Lease, first: float, cause: BaseException | None, reason: str, may_have_committed: bool
+        self, lease: Lease | None, first: float, cause: BaseException | None, reason: str,
+        may_have_committed: bool,
     ) -> Ending:
-        """The fence sends the run again (same id, no ``max_retries`` spent), handing its lease to the copy;
-        after ``fence_max_resends`` it gives up with a record instead."""
+        """The fence sends the run again (same id, no ``max_retries`` spent), handing its lease (if it holds
+        one) to the copy; after ``fence_max_resends`` it gives up with a record instead."""
         if self.attempt.eager and may_have_committed:  # apply(): no copy to find out, so say it is unknown
             unknown = StoreUnavailable(f"the completion of {self.key!r} may have committed, unknown: {cause}")
             unknown.__cause__ = cause

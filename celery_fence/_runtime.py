@@ -59,7 +59,7 @@ _WRAP = "_celery_fence_store_wrapper"  # on the app, so a forked child's new run
 _CREATE = threading.Lock()  # serialises first creation on the threads pool; holds no state
 
 # A task's own fence_lease_ttl, fence_on_busy and fence_interrupt (None: the app's setting).
-TaskOptions = tuple[float | None, str | None, bool | None]
+TaskOptions = tuple[float | None, str | None, bool | None, str | None]
 
 
 class FenceRuntime:

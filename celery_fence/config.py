@@ -14,6 +14,7 @@ from .stores import DEFAULT_STORE_URL, scheme_of
 __all__ = [
     "BUSY_POLICIES",
     "DEFAULTS",
+    "MODES",
     "TASK_OPTIONS",
     "FenceConfig",
     "check_prune_age",
@@ -22,6 +23,9 @@ __all__ = [
 ]
 
 BUSY_POLICIES = ("retry", "ignore", "fail")
+# "lease": a lease renewed while the body runs, every write fenced by its token. "commit": no lease; the
+# completion claims the key inside the run's transaction, with its COMMIT (docs/commit-mode.md).
+MODES = ("lease", "commit")
 MAX_PORT = 65535
 MAX_SECONDS = 1e9  # the longest duration a setting may name (the stores cap ttls and ages there too)
 REDELIVERY_WINDOW = 3600.0  # kombu's Redis visibility_timeout; AMQP redelivers on any lost connection
@@ -31,6 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "fence_lease_ttl": 30.0,
     "fence_renew_interval": None,  # ttl / 3
     "fence_on_busy": "retry",
+    "fence_mode": "lease",
     "fence_interrupt": False,
     "fence_max_recoveries": 3,
     "fence_store_wait": 600.0,  # seconds a run waits out an unavailable store before its body starts
@@ -43,7 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "fence_prune_min_age": None,  # the broker's visibility_timeout if set, else REDELIVERY_WINDOW
 }
 # The options a fenced task may set for itself (``FencedTask``'s attributes); the rest are app-wide.
-TASK_OPTIONS = ("fence_key", "fence_lease_ttl", "fence_on_busy", "fence_interrupt")
+TASK_OPTIONS = ("fence_key", "fence_lease_ttl", "fence_on_busy", "fence_interrupt", "fence_mode")
 
 
 def metrics_port(value: Any, name: str = "fence_metrics_port") -> int | None:
@@ -121,6 +126,7 @@ class FenceConfig:
     store_wait: float = 600.0
     busy_wait: float = 3600.0
     max_resends: int = 20
+    mode: str = "lease"
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> FenceConfig:
@@ -144,15 +150,24 @@ class FenceConfig:
         store_wait = _seconds("fence_store_wait", get("fence_store_wait"))
         busy_wait = _seconds("fence_busy_wait", get("fence_busy_wait"))
         interrupt, send_events = bool(get("fence_interrupt")), bool(get("fence_send_events"))
+        mode = get("fence_mode")
+        if mode not in MODES:
+            raise ConfigurationError(
+                f"fence_mode must be one of {MODES}, got {mode!r}: 'lease' (the default) fences every run "
+                "with a lease; 'commit' fences only the commit of a task whose whole effect is SQL writes "
+                "in the store's database"
+            )
         return cls(
-            url, policy, on_busy, interrupt, max_recoveries, send_events, store_wait, busy_wait, max_resends
+            url, policy, on_busy, interrupt, max_recoveries, send_events, store_wait, busy_wait, max_resends,
+            mode,
         )
 
     def with_task_options(
-        self, ttl: float | None, on_busy: str | None, interrupt: bool | None
+        self, ttl: float | None, on_busy: str | None, interrupt: bool | None, mode: str | None = None
     ) -> FenceConfig:
-        """Apply a task's own ``fence_lease_ttl``/``fence_on_busy``/``fence_interrupt`` over the app's."""
-        if ttl is None and on_busy is None and interrupt is None:
+        """Apply a task's own ``fence_lease_ttl``/``fence_on_busy``/``fence_interrupt``/``fence_mode`` over
+        the app's."""
+        if ttl is None and on_busy is None and interrupt is None and mode is None:
             return self
         conf = {
             "fence_store_url": self.store_url,
@@ -165,5 +180,6 @@ class FenceConfig:
             "fence_store_wait": self.store_wait,
             "fence_busy_wait": self.busy_wait,
             "fence_max_resends": self.max_resends,
+            "fence_mode": self.mode if mode is None else mode,
         }
         return FenceConfig.from_conf(conf)

@@ -5,20 +5,29 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from . import codec
-from .errors import ConfigurationError, LeaseLost, StoreUnavailable, UsageError
+from .errors import (
+    AlreadyDone,
+    ConfigurationError,
+    LeaseHeld,
+    LeaseLost,
+    StaleToken,
+    StoreUnavailable,
+    UsageError,
+)
 from .lease import Lease
-from .stores.base import FencedConnectionStore, RunTransactionHandle, Store
+from .stores.base import CommitStore, FencedConnectionStore, RunTransactionHandle, Store
 from .stores.capabilities import capabilities_of
 
 if TYPE_CHECKING:
     from .stores.sql.session import FencedSession
 
-__all__ = ["Fence", "Heartbeat"]
+__all__ = ["CommitMode", "Fence", "Heartbeat"]
 
 T = TypeVar("T")
 
@@ -29,6 +38,27 @@ class Heartbeat(Protocol):
     def deadline(self, lease: Lease) -> float | None: ...
     def pin(self, lease: Lease) -> None: ...
     def unpin(self, lease: Lease) -> None: ...
+
+
+@dataclass(frozen=True)
+class CommitMode:
+    """How a run of ``fence_mode="commit"`` reaches its store (a ``CommitStore``) past its first
+    transaction: a new one when the body caught the failure of its only block, or the claim on its own."""
+
+    store: CommitStore
+    ttl: float
+    run: Mapping[str, Any] | None
+
+    def begin(self, lease: Lease) -> RunTransactionHandle:
+        """A new transaction for the run, in the body: a key finished or leased meanwhile refuses it."""
+        try:
+            return self.store.begin_commit(lease.key, lease.owner, self.ttl, self.run)
+        except (AlreadyDone, LeaseHeld) as exc:
+            current = exc.token if isinstance(exc, AlreadyDone) else None
+            raise StaleToken(lease.key, 0, current, "commit") from exc
+
+    def claim(self, lease: Lease, result: Any) -> None:
+        self.store.claim(lease.key, lease.owner, result, self.run)
 
 
 class Fence:
@@ -45,6 +75,8 @@ class Fence:
         heartbeat: Heartbeat | None = None,
         ttl: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        commit_mode: CommitMode | None = None,
+        run_tx: RunTransactionHandle | None = None,
     ) -> None:
         self.store = store
         self._clock = clock
@@ -54,7 +86,8 @@ class Fence:
         self._lost: str | None = None
         self._steps: dict[str, Any] | None = None
         self._lost_event = threading.Event()
-        self._run_tx: RunTransactionHandle | None = None  # from the run's first transaction() (SQL stores)
+        self._run_tx = run_tx  # the run's first transaction() opens it (SQL); fence_mode="commit": at start
+        self.commit_mode = commit_mode  # fence_mode="commit": no lease, the token is 0 until the claim
 
     @property
     def key(self) -> str:
@@ -156,7 +189,10 @@ class Fence:
             self.abort()
         run_tx = self._run_tx
         if run_tx is None:
-            self.store.complete(self.lease, result)
+            if self.commit_mode is not None:  # its only block was undone: the claim alone
+                self.commit_mode.claim(self.lease, result)
+            else:
+                self.store.complete(self.lease, result)
             return
         if not run_tx.open:
             raise StoreUnavailable(f"the run's transaction on key {self.key!r} ended before its completion")
@@ -180,6 +216,8 @@ class Fence:
                 )
             self.abort()  # only its first block failed: nothing is lost by beginning again
             run_tx = None
+        if run_tx is None and self.commit_mode is not None:
+            run_tx = self._run_tx = self.commit_mode.begin(self.lease)
         if run_tx is None:
             run_tx = self._run_tx = self._sql_store().begin_run(self.lease, self._ttl)
             if self._heartbeat is not None:
@@ -225,6 +263,11 @@ class Fence:
 
     def _once(self, name: str, commit: Callable[[], T]) -> T:
         """Step ``name``'s committed value, else the value ``commit()`` runs the step for and commits."""
+        if self.commit_mode is not None:
+            raise UsageError(
+                f"step {name!r}: fence_mode='commit' keeps no steps (a refused claim undoes the whole run); "
+                "use fence_mode='lease' for a checkpointed task"
+            )
         if self._steps is None:
             self._steps = self.store.steps(self.key)
         if name in self._steps:

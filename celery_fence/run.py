@@ -18,7 +18,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import replace
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
 
@@ -29,9 +29,19 @@ from ._owed import Released
 from ._resends import Resends
 from ._runtime import FenceRuntime, OnLost, OnRenewed
 from .config import FenceConfig
-from .errors import AlreadyDone, FenceError, LeaseHeld, LeaseLost, StaleToken, StoreUnavailable
-from .fence import Fence
+from .errors import (
+    AlreadyDone,
+    ConfigurationError,
+    FenceError,
+    LeaseHeld,
+    LeaseLost,
+    StaleToken,
+    StoreUnavailable,
+)
+from .fence import CommitMode, Fence
 from .lease import Lease, LeaseState
+from .stores.base import CommitStore, RunTransactionHandle
+from .stores.capabilities import capabilities_of
 
 __all__ = ["Run", "RunHost", "decide", "quietly"]
 
@@ -63,6 +73,11 @@ class Run:
         self.name = run_name(attempt)
         self.state: LeaseState | None = None  # the last read of the key
         self.committed: tuple[Any] | None = None  # (result,) once the completion answered
+        # fence_mode="commit": the transaction the acquire step opened, and the owner that names this run
+        # in the key's row once its claim committed (its token is drawn by the claim)
+        self.committing = config.mode == "commit"
+        self.opened: RunTransactionHandle | None = None
+        self.claimant: str | None = None
 
     @cached_property
     def resends(self) -> Resends:
@@ -91,6 +106,8 @@ class Run:
             if lease is not None and self._ended_before(lease):
                 facts = Facts(Event.ENDED_BEFORE)
             action = self._decide(facts, token=0)
+            if action is not Action.RUN and self.opened is not None:
+                self.opened.close()
             if action is Action.RUN:
                 assert lease is not None
                 return self._run(lease, sent_at, args, kwargs)
@@ -116,7 +133,9 @@ class Run:
         for attempt in range(ACQUIRE_ATTEMPTS):
             sent_at = self.clock()
             try:
-                lease = self.store.acquire(self.key, owner, self.policy.ttl, self.run_info)
+                lease = self._begin_commit(owner) if self.committing else self.store.acquire(
+                    self.key, owner, self.policy.ttl, self.run_info
+                )
                 if _failpoints.armed:
                     _failpoints.failpoint("after-acquire")
                 return Facts(Event.ACQUIRED), lease, sent_at, None
@@ -130,12 +149,29 @@ class Run:
                 self.sleep(self.policy.acquire_pause * (attempt + 1))
         raise AssertionError("unreachable")
 
+    def _begin_commit(self, owner: str) -> Lease:
+        """``fence_mode="commit"``'s acquire: no lease, the run's transaction opened with a read of the key
+        (a finished or leased key refuses it as an acquire would)."""
+        self.opened = self._commit_store().begin_commit(self.key, owner, self.policy.ttl, self.run_info)
+        return Lease(self.key, 0, owner)
+
+    def _commit_store(self) -> CommitStore:
+        refusal = capabilities_of(self.store).commit_mode_refusal(self.name)
+        if refusal is not None:
+            raise ConfigurationError(refusal)
+        return cast(CommitStore, self.store)  # what a store declaring fenced_commit implements
+
     # -- the body --
 
     def _run(self, lease: Lease, sent_at: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ending:
         runtime = self.runtime
-        fence = Fence(self.store, lease, runtime.renewer, self.policy.ttl, self.clock)
-        runtime.renewer.track(lease, self.policy, sent_at, *self._hooks(fence))
+        if self.committing:  # no lease to renew: the claim at the end is the fence
+            self.claimant = lease.owner
+            mode = CommitMode(self._commit_store(), self.policy.ttl, self.run_info)
+            fence = Fence(self.store, lease, None, self.policy.ttl, self.clock, mode, self.opened)
+        else:
+            fence = Fence(self.store, lease, runtime.renewer, self.policy.ttl, self.clock)
+            runtime.renewer.track(lease, self.policy, sent_at, *self._hooks(fence))
         self.host.acquired(fence)
         try:
             ending = self._attempt(fence, args, kwargs)
@@ -203,7 +239,7 @@ class Run:
     def _complete(self, fence: Fence, result: Any) -> Ending:
         """Commit the result; an unknown outcome is read back, never guessed
         (docs/guarantees.md#how-a-run-ends)."""
-        deadline = self.runtime.renewer.deadline(fence.lease)
+        deadline = None if self.claimant else self.runtime.renewer.deadline(fence.lease)
         deadline = deadline if deadline is not None else self.clock() + self.policy.ttl
         self.runtime.renewer.untrack(fence.lease)  # no renew of a lease whose completion may have committed
         if _failpoints.armed:
@@ -253,7 +289,7 @@ class Run:
             # A finished key, a failed body: the result backend still tells whether this task id ended.
             delivered = asks_backend(facts.event, View.UNREAD) and self.host.outcome() in ENDED_STATES
             return decide(replace(facts, read_failed=True, delivered=delivered))
-        view = view_of(self.state, token, self.attempt.task_id, self.attempt.handoff)
+        view = view_of(self.state, token, self.attempt.task_id, self.attempt.handoff, self.claimant)
         outcome = self.host.outcome() if asks_backend(facts.event, view) else "unasked"
         # Nothing to wait for when nothing can tell (eager, no result backend), or waited already.
         waited_for = self.attempt.awaited_token
@@ -277,9 +313,8 @@ class Run:
             return self._released(Ending.raising(cause), fence.lease)
         if action is Action.REQUEUE:
             fence.abort()
-            return self.resends.resend(
-                fence.lease, countdown, cause, reason or "its outcome is unknown", reason == "completion"
-            )
+            why, unknown = reason or "its outcome is unknown", reason == "completion"
+            return self.resends.resend(self._held(fence), countdown, cause, why, unknown)
         return self._refusal(action, fence, reason, cause)
 
     def _refusal(self, action: Action, fence: Fence, reason: str, cause: BaseException | None) -> Ending:
@@ -288,7 +323,9 @@ class Run:
             return Ending.ignoring()
         if action is Action.REFUSE_REQUEUE:
             fence.abort()
-            return self.resends.resend(fence.lease, 0.0, cause, reason or "refused, nobody took over", False)
+            return self.resends.resend(
+                self._held(fence), 0.0, cause, reason or "refused, nobody took over", False
+            )
         state = self.state
         assert state is not None, action  # the winner and the superseding run are known by a read of the key
         if action is Action.REFUSE_WINNER:
@@ -296,9 +333,15 @@ class Run:
         assert action is Action.REFUSE_SUPERSEDED, action
         return Ending.raising(LeaseHeld(fence.key, holder_of(state), state.expires_in))
 
+    def _held(self, fence: Fence) -> Lease | None:
+        """The lease this run holds, to hand to its copy: none in ``fence_mode="commit"``."""
+        return None if self.claimant else fence.lease
+
     def _released(self, ending: Ending, lease: Lease) -> Ending:
         """Give the lease back now; a release that does not reach the store is owed (written once the store
         answers), so the lease does not expire into recovery's hands and the run is not run again."""
+        if self.committing:  # no lease: its transaction rolled back, nothing to give back
+            return ending
         try:
             self.store.release(lease)
         except FenceError as exc:

@@ -64,7 +64,8 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
 
     Task options (each overrides the app's ``fence_*`` setting of the same name for this task):
     ``fence_key`` (format string over the arguments, or callable; default: the task id),
-    ``fence_lease_ttl``, ``fence_on_busy`` (``"retry"``, ``"ignore"``, ``"fail"``), ``fence_interrupt``.
+    ``fence_lease_ttl``, ``fence_on_busy`` (``"retry"``, ``"ignore"``, ``"fail"``), ``fence_interrupt``,
+    ``fence_mode`` (``"lease"``, the default, or ``"commit"``: a fenced commit, docs/commit-mode.md).
     """
 
     Request = "celery_fence.worker.request:FencedRequest"  # releases the lease of a pool process that died
@@ -72,6 +73,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     fence_lease_ttl: ClassVar[float | None] = None
     fence_on_busy: ClassVar[str | None] = None
     fence_interrupt: ClassVar[bool | None] = None
+    fence_mode: ClassVar[str | None] = None
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -99,7 +101,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         if request is None or request.called_directly:  # a plain function call: no message, no lease
             return super().__call__(*args, **kwargs)
         runtime = runtime_for(self.app)
-        options = (self.fence_lease_ttl, self.fence_on_busy, self.fence_interrupt)
+        options = (self.fence_lease_ttl, self.fence_on_busy, self.fence_interrupt, self.fence_mode)
         config = runtime.config_for(self.name, options)
         key, _ = _delivery.derive_key(self, args, kwargs)
         info = _delivery.run_info(self, request, args, kwargs)  # what recovery needs to send this run again
@@ -118,7 +120,7 @@ class FencedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         sent = _delivery.lineage(signature.options.get("headers"))
         request = request if request is not None else self.request
         fence = getattr(request, "_fence", None)
-        if fence is not None:
+        if fence is not None and fence.commit_mode is None:  # fence_mode="commit" holds no lease to hand
             sent[_delivery.HANDOFF] = fence.token
         # A copy has its message's parent: Celery would name the task sending it (this very task id) as
         # the parent of a top-level task's copy, and monitors then list it as its own parent and child.

@@ -18,6 +18,7 @@ __all__ = [
     "EVENTS",
     "AdminStore",
     "AuditStore",
+    "CommitStore",
     "FencedConnectionStore",
     "RecoveryStore",
     "RunStore",
@@ -232,6 +233,23 @@ class FencedConnectionStore(Store, Protocol):
     def begin_run(self, lease: Lease, ttl: float) -> RunTransactionHandle:
         """Open the run's transaction (``stores.sql.run.RunTransaction``): the lease row checked and locked
         until it commits together with the run's completion, or rolls back. ``StaleToken`` if not current."""
+
+
+@runtime_checkable
+class CommitStore(Protocol):
+    """A store that can fence a commit (``fence_mode="commit"``, docs/commit-mode.md): no lease, the key
+    claimed by the run's completion inside the run's transaction."""
+
+    def begin_commit(
+        self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None
+    ) -> RunTransactionHandle:
+        """Open the run's transaction with a read of the key (idle for ``ttl`` at most, where the server
+        can end it: PostgreSQL): ``AlreadyDone`` (the key is finished) or
+        ``LeaseHeld`` (a lease holds it), nothing begun. Its ``complete(result)`` claims the key and
+        commits: ``StaleToken`` (recorded, nothing committed) when another run finished or leased it."""
+
+    def claim(self, key: str, owner: str, result: Any, run: Mapping[str, Any] | None = None) -> int:
+        """The claim on its own, with no transaction around it: the key done with ``result``; its token."""
 
 
 # -- the token counter's two refusals, worded alike on every store (only the store knows its counter) --

@@ -25,6 +25,19 @@ class Capabilities:
     local_file: Path | None = None  # the file the store lives in, which a read must not create empty
     default_port: int | None = None  # the server's port when the URL names none (a proxy goes there)
     django_alias: str | None = None  # the run's transaction is Django's on this database: self.fence.atomic()
+    # fence_mode="commit": "yes" (the claim commits with the run's transaction), "emulated" (a claim with
+    # no transaction around the body's writes: the memory store), or "no"
+    fenced_commit: str = "no"
+
+    def commit_mode_refusal(self, task: str) -> str | None:
+        """Why ``task``'s ``fence_mode="commit"`` cannot work on this store, if it cannot."""
+        if self.fenced_commit != "no":
+            return None
+        fix = (
+            "; with Django, use fence_mode='lease' and self.fence.atomic()" if self.django_alias is not None
+            else ": it needs a SQL store whose database holds the task's tables (PostgreSQL or SQLite)"
+        )
+        return f"{task}: fence_mode='commit' is not available on {self.name}{fix}; or use fence_mode='lease'"
 
     def ttl_warning(self, ttl: float) -> str | None:
         """What the store does to ``ttl``, if it keeps it otherwise than asked."""

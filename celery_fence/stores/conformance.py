@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .base import FencedConnectionStore, RunTransactionHandle, Store
+    from .base import CommitStore, FencedConnectionStore, RunTransactionHandle, Store
     from .etcd.store import EtcdStore
-    from .memory import MemoryStore
+    from .memory import MemoryCommit, MemoryStore
     from .redis.store import RedisStore
-    from .sql.run import RunTransaction
+    from .sql.run import CommitTransaction, RunTransaction
     from .sql.store import SQLStore
 
     def _memory(store: MemoryStore) -> Store:
@@ -24,6 +24,18 @@ if TYPE_CHECKING:
         return store
 
     def _sql_run(transaction: RunTransaction) -> RunTransactionHandle:
+        return transaction
+
+    def _memory_commits(store: MemoryStore) -> CommitStore:
+        return store
+
+    def _memory_commit(transaction: MemoryCommit) -> RunTransactionHandle:
+        return transaction
+
+    def _sql_commits(store: SQLStore) -> CommitStore:
+        return store
+
+    def _sql_commit(transaction: CommitTransaction) -> RunTransactionHandle:
         return transaction
 
     def _redis(store: RedisStore) -> Store:

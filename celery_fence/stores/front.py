@@ -20,7 +20,7 @@ from __future__ import annotations
 import types
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Generic, TypeGuard, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeGuard, TypeVar, cast
 
 from ..errors import InvalidArgument
 from ..lease import (
@@ -34,7 +34,7 @@ from ..lease import (
     validate_text,
     validate_ttl,
 )
-from .base import FencedConnectionStore, RunTransactionHandle, Store
+from .base import CommitStore, FencedConnectionStore, RunTransactionHandle, Store
 
 __all__ = ["CheckedStore", "checked", "inner_store"]
 
@@ -60,11 +60,15 @@ def _optional(method: _Method) -> _Method:
     return cast(_Method, _IfTheStoreHasIt(method))
 
 
+class _EveryRole(FencedConnectionStore, CommitStore, Protocol):
+    """What the front forwards to: every role (one the store lacks is never called, ``_optional``)."""
+
+
 class CheckedStore:
     """A store behind its argument checks. ``inner``: the store itself."""
 
     def __init__(self, store: Any) -> None:
-        self.inner: FencedConnectionStore = store  # typed by every role: one it lacks is never called
+        self.inner: _EveryRole = store  # typed by every role: one it lacks is never called
 
     def __getattr__(self, name: str) -> Any:  # only for what the front does not define
         if name == "inner":  # not set yet (copy, pickle): no recursion
@@ -169,6 +173,21 @@ class CheckedStore:
     def begin_run(self, lease: Lease, ttl: float) -> RunTransactionHandle:
         check_lease(lease)
         return self.inner.begin_run(lease, validate_ttl(ttl))
+
+
+    # -- CommitStore --
+
+    @_optional
+    def begin_commit(
+        self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None
+    ) -> RunTransactionHandle:
+        validate_key(key)
+        return self.inner.begin_commit(key, check_owner(owner), validate_ttl(ttl), run)
+
+    @_optional
+    def claim(self, key: str, owner: str, result: Any, run: Mapping[str, Any] | None = None) -> int:
+        validate_key(key)
+        return self.inner.claim(key, check_owner(owner), result, run)
 
 
 def checked(store: Any) -> Store:

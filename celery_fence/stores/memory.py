@@ -9,17 +9,18 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from .. import codec
-from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken
+from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken, StoreUnavailable, UsageError
 from ..lease import MAX_TOKEN, Abandoned, HistoryEvent, Lease, LeaseState
 from .base import out_of_tokens, past_the_range
 from .capabilities import Capabilities
 from .memory_rows import Row, is_abandoned, lease_state
 
-__all__ = ["MemoryStore"]
+__all__ = ["MemoryCommit", "MemoryStore"]
 
 
 class MemoryStore:
@@ -30,7 +31,7 @@ class MemoryStore:
     ``InvalidArgument`` before a method here runs. What is left is what a store must do itself."""
 
     max_value_bytes = codec.MAX_VALUE_BYTES
-    capabilities = Capabilities(name="memory")
+    capabilities = Capabilities(name="memory", fenced_commit="emulated")
 
     def __init__(self, url: str = "memory://", clock: Callable[[], float] = time.time) -> None:
         self.url = url
@@ -191,6 +192,32 @@ class MemoryStore:
             self._mark_dead(key, row, "gave-up", reason, self.clock())
             return True
 
+    # -- fence_mode="commit", emulated: the claim is atomic, but no transaction holds the body's writes --
+
+    def begin_commit(
+        self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None
+    ) -> MemoryCommit:
+        with self._lock:
+            row = self._rows.get(key)
+            if row is not None and row.done:
+                raise AlreadyDone(key, row.token, codec.loads(row.result))
+            if row is not None and row.expires_at is not None and row.expires_at > self.clock():
+                raise LeaseHeld(key, row.owner, row.expires_at - self.clock())
+        return MemoryCommit(self, Lease(key, 0, owner), run)
+
+    def claim(self, key: str, owner: str, result: Any, run: Mapping[str, Any] | None = None) -> int:
+        text = codec.dumps(result, self.max_value_bytes)
+        run_text = codec.dumps_mapping(run, self.max_value_bytes)
+        with self._lock:
+            now, row = self.clock(), self._rows.get(key)
+            if row is not None and (row.done or (row.expires_at is not None and row.expires_at > now)):
+                self._log(key, "refused", 0, owner, now, "commit")
+                raise StaleToken(key, 0, row.token, "commit", recorded=True)
+            token = self._next_token()
+            self._rows[key] = Row(token, owner, None, True, text, run_text, now)
+            self._log(key, "commit", token, owner, now)
+            return token
+
     def close(self) -> None:
         """Nothing to close; state stays readable."""
 
@@ -233,3 +260,31 @@ class MemoryStore:
         detail: str | None = None,
     ) -> None:
         self._history.append(HistoryEvent(at, event, token, owner, detail, key=key))
+
+
+class MemoryCommit:
+    """The memory store's fenced commit: its completion is the atomic claim; it has no transaction, so a
+    body's writes elsewhere are not undone with a refused claim (the start-up check warns)."""
+
+    def __init__(self, store: MemoryStore, lease: Lease, run: Mapping[str, Any] | None) -> None:
+        self.store, self.lease, self.run = store, lease, run
+        self.token: int | None = None
+        self.open, self.lost_work = True, False
+
+    @contextmanager
+    def block(self) -> Iterator[None]:
+        if not self.open:
+            raise StoreUnavailable("the run's emulated commit ended before its completion")
+        yield None
+
+    def save_step(self, name: str, value: Any) -> None:
+        raise UsageError("fence_mode='commit' keeps no steps: use fence_mode='lease' for a checkpointed task")
+
+    def complete(self, result: Any) -> None:
+        try:
+            self.token = self.store.claim(self.lease.key, self.lease.owner, result, self.run)
+        finally:
+            self.open = False
+
+    def close(self) -> None:
+        self.open = False

@@ -54,11 +54,31 @@ def check_settings(
             f"task_time_limit ({time_limit}s) is below fence_lease_ttl ({ttl}s): a run killed at its time "
             "limit keeps its key leased until the ttl passes; lower fence_lease_ttl to retry sooner"
         )
+    warnings += _mode_warnings(store, config, tasks)
     if config.interrupt and pool in ("gevent", "eventlet"):
         warnings.append(
             f"fence_interrupt cannot interrupt a {pool} greenlet; bodies stop at self.fence.check()"
         )
     return warnings
+
+
+def _mode_warnings(store: Capabilities, config: FenceConfig, tasks: Sequence[Any] | None) -> list[str]:
+    """``fence_mode="commit"`` (the app's, or a task's own) on a store that cannot do it stops the worker;
+    on one that only emulates it (memory), one warning."""
+    modes = {"the app": config.mode} if tasks is None else {
+        task.name: getattr(task, "fence_mode", None) or config.mode for task in tasks
+    }
+    committing = sorted(name for name, mode in modes.items() if mode == "commit")
+    for name in committing:
+        refusal = store.commit_mode_refusal(name)
+        if refusal is not None:
+            raise ConfigurationError(refusal)
+    if committing and store.fenced_commit == "emulated":
+        return [
+            f"fence_mode='commit' on {store.name} is emulated ({', '.join(committing)}): its claim is "
+            "atomic, but there is no database transaction for the task's writes to commit with"
+        ]
+    return []
 
 
 def _lock_warning(store: Capabilities, policy: LeasePolicy, interval: float | None) -> list[str]:

@@ -21,6 +21,7 @@ class RoundTrips:
     def __init__(self, *engines: Engine) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="fence-trace-"))
         self._files: list[Any] = []
+        self._traced: list[Any] = []  # the driver connections, to flush their trace (libpq buffers it)
         for engine in engines:
             event.listen(engine, "connect", self._trace)
             engine.dispose()
@@ -28,9 +29,18 @@ class RoundTrips:
     def _trace(self, dbapi_conn: Any, _record: Any) -> None:
         file = open(self._dir / f"{len(self._files)}.trace", "w")  # noqa: SIM115  # closed in close()
         self._files.append(file)
+        self._traced.append((dbapi_conn, file))
         dbapi_conn.pgconn.trace(file.fileno())
 
+    def _flush(self) -> None:
+        """libpq writes its trace through a buffer of its own: ending the trace flushes it; it goes on."""
+        for dbapi_conn, file in self._traced:
+            if not dbapi_conn.closed:
+                dbapi_conn.pgconn.untrace()
+                dbapi_conn.pgconn.trace(file.fileno())
+
     def total(self) -> int:
+        self._flush()
         turns = 0
         for file in self._files:
             file.flush()

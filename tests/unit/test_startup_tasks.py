@@ -170,3 +170,35 @@ def test_a_fence_key_naming_parameters_is_accepted(key: str) -> None:
 def test_a_fence_key_that_is_neither_a_string_nor_a_callable_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="fence_key must be a format string or a callable"):
         warnings_of(charge={"fence_key": 7})
+
+
+@pytest.mark.parametrize(
+    ("url", "named"), [("redis://127.0.0.1:6379/0", "Redis"), ("etcd://127.0.0.1:2379", "etcd")]
+)
+def test_fence_mode_commit_stops_the_worker_on_a_store_without_sql_transactions(url: str, named: str) -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        warnings_of({"fence_store_url": url}, ship={"fence_mode": "commit"}, other={})
+    message = str(refused.value)
+    assert message.startswith("ship: fence_mode='commit' is not available on " + named)
+    assert "PostgreSQL or SQLite" in message and "fence_mode='lease'" in message
+    with pytest.raises(ConfigurationError, match="the app: fence_mode='commit'"):
+        check_settings({**SAFE, "fence_store_url": url, "fence_mode": "commit"})
+
+
+def test_fence_mode_commit_on_the_memory_store_warns_that_it_is_emulated() -> None:
+    found = warnings_of({"fence_store_url": "memory://"}, ship={"fence_mode": "commit"}, other={})
+    assert found == [
+        "fence_mode='commit' on memory is emulated (ship): its claim is atomic, but there is no database "
+        "transaction for the task's writes to commit with"
+    ]
+
+
+def test_fence_mode_commit_on_sqlite_and_postgresql_is_no_warning(tmp_path: Any) -> None:
+    for url in (f"sqlite:///{tmp_path}/fence.db", "postgresql+psycopg://h/db"):
+        assert warnings_of({"fence_store_url": url}, ship={"fence_mode": "commit"}) == []
+
+
+def test_an_unknown_fence_mode_is_refused_naming_both() -> None:
+    refusal = r"fence_mode must be one of \('lease', 'commit'\), got 'comit'"
+    with pytest.raises(ConfigurationError, match=refusal):
+        check_settings({**SAFE, "fence_mode": "comit"})

@@ -113,6 +113,7 @@ class Queries:
     complete: TextClause
     complete_or_fail: TextClause
     claim: TextClause
+    open_read: TextClause
     release: TextClause
     guard: TextClause
     open_guard: TextClause
@@ -187,6 +188,12 @@ def queries_for(dialect_name: str) -> Queries:
             WHERE NOT fence_leases.done
               AND (fence_leases.expires_at IS NULL OR fence_leases.expires_at <= {d.now})""",
             "token"), "claim")),
+        # A fenced commit's first statement: the key's state (key NULL: no row) and, on PostgreSQL, the
+        # transaction's idle timeout (:idle_ms), set whether the key has a row or not.
+        open_read=text(f"""
+            SELECT {lease_cols.replace("key,", "fence_leases.key,", 1)}
+            FROM (SELECT 1{d.idle_timeout} AS idle) AS opened
+            LEFT JOIN fence_leases ON fence_leases.key = :key"""),
         release=text(f"""
             UPDATE fence_leases SET expires_at = NULL, event = 'release', detail = NULL
             WHERE {_CURRENT} RETURNING token"""),

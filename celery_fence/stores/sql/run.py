@@ -13,7 +13,7 @@ ttl, so a paused holder blocks a takeover for at most one ttl.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,13 +21,13 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from ..._failpoints import failpoint
-from ...errors import StaleToken, StoreUnavailable, UsageError
-from ...lease import Lease
+from ...errors import AlreadyDone, LeaseHeld, StaleToken, StoreUnavailable, UsageError
+from ...lease import Lease, LeaseState
 from .driver import translate_errors
 from .errors import Unchanged, user_statement_errors
-from .statements import LeaseStatements
+from .statements import LeaseStatements, lease_state
 
-__all__ = ["RunTransaction"]
+__all__ = ["CommitTransaction", "RunTransaction"]
 
 _HAND_MADE = (
     "the run's transaction commits with its completion: do not call {what}() on the connection of "
@@ -172,3 +172,54 @@ def _refuse_hand_made(what: str) -> Any:
         raise UsageError(_HAND_MADE.format(what=what))
 
     return refuse
+
+
+class CommitTransaction(RunTransaction):
+    """A fenced commit's transaction (``fence_mode="commit"``, docs/commit-mode.md): no lease. It opens
+    with a read of the key (sent with its ``BEGIN``), the run's ``transaction()`` blocks join it, and its
+    completion claims the key (sent with its ``COMMIT``): the key done with the result, unless it is done
+    or leased already. Of copies that ran at once the key's unique index and row lock let one claim
+    commit; the others wait for it, then change no row, and roll back with everything they wrote."""
+
+    def __init__(
+        self, statements: LeaseStatements, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None
+    ) -> None:
+        self.run = run
+        self.token: int | None = None  # the token the claim drew, once it committed
+        super().__init__(statements, Lease(key, 0, owner), ttl)
+
+    def complete(self, result: Any) -> None:
+        """Claim the key with ``result`` and commit. ``StaleToken`` (recorded; nothing committed): the key
+        is done or leased; ``StoreUnavailable``: the outcome is unknown, read the key (its owner says)."""
+        conn = self._usable()
+        params = self.statements.claim_params(self.lease, result, self.run)
+        try:
+            failpoint("before-commit")
+            with translate_errors(self.statements.url):
+                claimed = self.statements.last(conn, self._tx, "claim", params)  # one round trip
+            self.token = int(claimed.token)
+        except Unchanged:
+            self.close()
+            self.statements.refuse(self.lease, "commit")
+        finally:
+            self.close()
+
+    def _guard(self, conn: Connection, ttl: float, step: str | None) -> bool:
+        """The transaction's first statement: a read of the key (``AlreadyDone``, ``LeaseHeld``: the run
+        does not start). A paused run blocks a copy's claim (its row lock) for one ttl at most, as a lease
+        mode run blocks a takeover."""
+        params = {"key": self.lease.key, "idle_ms": max(1, int(ttl * 1000))}
+        row = self.statements.first(conn, "open_read", params)
+        taken = None if row is None or row.key is None else _taken(lease_state(row))
+        if taken is not None:
+            raise taken
+        return True
+
+
+def _taken(state: LeaseState) -> AlreadyDone | LeaseHeld | None:
+    """Why a fenced commit does not run the body on a key in ``state``: it is done, or a lease holds it."""
+    if state.done:
+        return AlreadyDone(state.key, state.token, state.result)
+    if state.expires_in is not None and state.expires_in > 0:
+        return LeaseHeld(state.key, state.owner, state.expires_in)
+    return None

@@ -23,7 +23,7 @@ from .errors import Unchanged, safe_url
 
 __all__ = ["LeaseStatements", "lease_state", "renew_params"]
 
-_FIRST_OR_LAST = ("open_guard", "state", "complete_or_fail", "claim")  # sent with BEGIN or with COMMIT
+_FIRST_OR_LAST = ("open_guard", "open_read", "complete_or_fail", "claim")  # sent with BEGIN or with COMMIT
 
 
 class LeaseStatements:
@@ -101,6 +101,24 @@ class LeaseStatements:
     def complete_params(self, lease: Lease, result: Any) -> dict[str, Any]:
         """The completion's: ``result`` encoded (``NotSerializable`` before any statement)."""
         return self.event_params(lease, "complete", result=codec.dumps(result, self.max_value_bytes))
+
+    def claim_params(self, lease: Lease, result: Any, run: Mapping[str, Any] | None) -> dict[str, Any]:
+        """A fenced commit's claim: ``result`` and ``run`` encoded (``NotSerializable`` before any
+        statement)."""
+        result_text = codec.dumps(result, self.max_value_bytes)
+        run_text = codec.dumps_mapping(run, self.max_value_bytes)
+        return {"key": lease.key, "owner": lease.owner, "result": result_text, "run": run_text}
+
+    def claim(self, conn: Connection, lease: Lease, result: Any, run: Mapping[str, Any] | None) -> int:
+        """Claim the key on ``conn`` (autocommit: one statement): its new token, or ``StaleToken`` (recorded)
+        when the key is done or leased."""
+        try:
+            row = conn.execute(self.queries.claim, self.claim_params(lease, result, run)).first()
+        except Unchanged:
+            row = None
+        if row is None:
+            self.refuse(lease, "commit")
+        return int(row.token)
 
     def step_params(self, lease: Lease, name: str, value: Any) -> dict[str, Any]:
         """Step ``name``'s record: ``value`` encoded (``NotSerializable`` before any statement)."""

@@ -24,7 +24,7 @@ from .driver import Connections, translate_errors
 from .engine import SessionLimits
 from .errors import RowLocked
 from .recovery import SQLRecovery
-from .run import RunTransaction
+from .run import CommitTransaction, RunTransaction
 from .statements import LeaseStatements, lease_state, renew_params
 from .url import check_sql_store_url, check_sql_url, sqlite_file
 
@@ -38,9 +38,11 @@ def sql_capabilities(url: str) -> Capabilities:
     """SQLite: one write lock for every writer, waited for up to its busy timeout; its file must exist
     before a read. Both: the run's transaction shares the database with the user's tables."""
     if check_sql_url(url).get_backend_name() != "sqlite":  # a malformed URL: ConfigurationError, masked
-        return Capabilities(name="PostgreSQL", transactions=True, default_port=5432)
+        return Capabilities(name="PostgreSQL", transactions=True, default_port=5432, fenced_commit="yes")
     lock_wait, path = SessionLimits().lock, sqlite_file(url)
-    return Capabilities(name="SQLite", transactions=True, write_lock_wait=lock_wait, local_file=path)
+    return Capabilities(
+        name="SQLite", transactions=True, write_lock_wait=lock_wait, local_file=path, fenced_commit="yes"
+    )
 
 
 class SQLStore:
@@ -114,6 +116,20 @@ class SQLStore:
         completion (``RunTransaction.complete``) or rolls back (``close``). ``StaleToken``: not current."""
         self.connections.ready()
         return self._run_transaction(lease, ttl)
+
+    def begin_commit(
+        self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None
+    ) -> CommitTransaction:
+        """Open a fenced commit's transaction (``fence_mode="commit"``): ``AlreadyDone`` or ``LeaseHeld``
+        (nothing begun) when the key is done or leased."""
+        self.connections.ready()
+        return CommitTransaction(self.statements, key, owner, ttl, run)
+
+    def claim(self, key: str, owner: str, result: Any, run: Mapping[str, Any] | None = None) -> int:
+        """A fenced commit's claim on its own (a run whose only ``transaction()`` block was undone): the
+        key done with ``result``; its token, or ``StaleToken`` when the key is done or leased."""
+        with self.connections.one() as conn:
+            return self.statements.claim(conn, Lease(key, 0, owner), result, run)
 
     def _run_transaction(self, lease: Lease, ttl: float, step: str | None = None) -> RunTransaction:
         """A run's transaction on this store's connections (a store on another's connection makes its own)."""
