@@ -136,16 +136,36 @@ def _transactions(tx: dict[str, Any] | None) -> list[str]:
     written = [tx["sqlite"]["rows_written"], "", "", tx["postgresql"]["rows_written"], "", "", "", ""]
     rows.append(["rows written (both variants)", *written])
     out += _table(head, rows)
+    out += ["CPU µs per task, worker + PostgreSQL backends (medians over rounds):", ""]
+    head = ["processes (-c)", "SQLite with", "SQLite without", "PostgreSQL with", "PostgreSQL without"]
+    rows = [
+        [c]
+        + [
+            _cpu(tx[store]["processes"][c][v]["cpu_us_per_task"])
+            for store in ("sqlite", "postgresql")
+            for v in ("fenced_tx", "fenced_write")
+        ]
+        for c in tx["sqlite"]["processes"]
+    ]
+    out += _table(head, rows)
     cycles = tx.get("cycles", {})
     if not cycles:
         return out
     cs = cycles.get("settings", {})
     out += [
-        f"### The same cycle without Celery: latency tail ({cs.get('rounds')} rounds of "
-        f"{cs.get('seconds')} s; medians over rounds, min-max in brackets)",
+        f"### The same cycles without Celery, with and without transaction(): latency tail "
+        f"({cs.get('rounds')} rounds of {cs.get('seconds')} s; medians over rounds, min-max in brackets)",
         "",
     ]
-    head = ["processes", "store", "cycles/s", "p50 ms", "p99 ms", "max ms", "slowest 1 s window / median"]
+    head = [
+        "processes",
+        "store, row in transaction()",
+        "cycles/s",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "slowest 1 s window / median",
+    ]
     formats = {"cycles_per_s": "{:.0f}", "p50_ms": "{:.2f}", "p99_ms": "{:.1f}", "max_ms": "{:.0f}"}
     formats["slowest_window_over_median"] = "{:.2f}"
     rows = [
