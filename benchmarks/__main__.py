@@ -32,6 +32,7 @@ MODULES = (
     "acquire_scaling",
     "curve",
     "transactions",
+    "fence_cost",
 )
 
 
@@ -93,7 +94,23 @@ def _plan(args: argparse.Namespace) -> dict[str, Callable[[], dict[str, Any]]]:
         rounds, tasks = args.rounds or (1 if quick else 5), args.tasks or (300 if quick else 1200)
         return m.run(rounds, tasks, _log, 2.0 if quick else 5.0)
 
-    steps = (throughput, roundtrips, store_ops, renew, takeover, acquire_scaling, curve, transactions)
+    def fence_cost() -> dict[str, Any]:
+        from . import fence_cost as m
+
+        rounds, tasks = args.rounds or (1 if quick else 5), args.tasks or (300 if quick else 1200)
+        return m.run(rounds, tasks, 50 if quick else 200, _log, stores)
+
+    steps = (
+        throughput,
+        roundtrips,
+        store_ops,
+        renew,
+        takeover,
+        acquire_scaling,
+        curve,
+        transactions,
+        fence_cost,
+    )
     plan = dict(zip(MODULES, steps, strict=True))
     return {name: plan[name] for name in args.only}
 
@@ -107,10 +124,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--stores", default=",".join(STORES), help=f"comma-separated, of: {', '.join(STORES)}"
     )
-    parser.add_argument("--rounds", type=int, help="throughput and curve rounds (default 5, quick 1)")
     parser.add_argument(
-        "--tasks", type=int, help="throughput and curve tasks per batch (default 1200, quick 300)"
+        "--rounds", type=int, help="throughput, curve, transactions, fence_cost rounds (default 5, quick 1)"
     )
+    parser.add_argument("--tasks", type=int, help="their tasks per batch (default 1200, quick 300)")
     parser.add_argument("--no-docs", action="store_true", help="leave docs/performance.md alone")
     args = parser.parse_args(argv)
     args.only = [m.strip() for m in args.only.split(",") if m.strip()]

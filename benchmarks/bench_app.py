@@ -8,6 +8,8 @@ table, fencekit in its row or key. Env:
 - ``FENCE_BENCH_BROKER``: broker URL (default ``FENCE_BENCH_REDIS``'s, Redis db 11);
 - ``FENCE_BENCH_STORE``, ``FENCE_BENCH_TTL``: the ``FencedTask`` lease store and ttl (30 s);
 - ``FENCE_BENCH_PG_DSN``: psycopg DSN of the run's schema (hand-written fence, fencekit's row);
+- ``FENCE_BENCH_ROWS_URL``: SQLAlchemy URL of the database holding ``fence_bench_tx``, where the variants
+  that write one row write it outside the fence (the lease store's own database when it is SQL);
 - ``FENCE_BENCH_PEER_REDIS``: the peers' Redis;
 - ``FENCE_BENCH_COUNT_DIR``: count store round trips per process (:mod:`benchmarks.instrument`);
 - ``FENCE_BENCH_PROFILE``: profile every worker process by CPU time (:mod:`benchmarks.profiling`);
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ from celery import Celery
 from celery.exceptions import Ignore
 from celery.signals import worker_ready
 from celery_once import QueueOnce
-from sqlalchemy import text
+from sqlalchemy import Engine, create_engine, text
 
 from celery_fence import FencedTask
 
@@ -93,14 +96,43 @@ def fenced(self: Any, i: int, tag: str) -> Any:
     return work(i)
 
 
+ROWS_DDL = "CREATE TABLE IF NOT EXISTS fence_bench_tx (key VARCHAR(200) PRIMARY KEY, i INTEGER NOT NULL)"
+INSERT_ROW = text("INSERT INTO fence_bench_tx (key, i) VALUES (:key, :i)")
+
+
+@cache
+def _rows_engine(pid: int) -> Engine:
+    """This process's engine on ``FENCE_BENCH_ROWS_URL`` (a forked child makes its own: keyed by pid)."""
+    return create_engine(os.environ["FENCE_BENCH_ROWS_URL"])
+
+
+def write_row(key: str, i: int) -> None:
+    """The one row an unfenced body writes: its own transaction, ``engine.begin()``, as a user would."""
+    with _rows_engine(os.getpid()).begin() as conn:
+        conn.execute(INSERT_ROW, {"key": key, "i": i})
+
+
+@app.task(name="bench.plain_write", bind=True)
+def plain_write(self: Any, i: int, tag: str) -> Any:
+    """A plain Celery task writing one row (the unfenced task the fence's cost is measured against)."""
+    write_row(self.request.id, i)
+    return work(i)
+
+
+@app.task(name="bench.fenced_write", base=FencedTask, bind=True)
+def fenced_write(self: Any, i: int, tag: str) -> Any:
+    """FencedTask (lease mode) writing the same row in its own transaction, outside the fence: the row is
+    not fenced, and on SQLite it holds the write lock for its own statement only."""
+    write_row(self.request.id, i)
+    return work(i)
+
+
 @app.task(name="bench.fenced_tx", base=FencedTask, bind=True)
 def fenced_tx(self: Any, i: int, tag: str) -> Any:
     """FencedTask writing one row in the run's transaction (:mod:`benchmarks.transactions`): the table is in
     the lease store's database, and the row commits with the completion."""
     with self.fence.transaction() as conn:
-        conn.execute(
-            text("INSERT INTO fence_bench_tx (key, i) VALUES (:key, :i)"), {"key": self.request.id, "i": i}
-        )
+        conn.execute(INSERT_ROW, {"key": self.request.id, "i": i})
     return work(i)
 
 

@@ -35,7 +35,8 @@ def _local_ports(pids: set[int], remote_port: int) -> list[int]:
         cols = line.split()
         if len(cols) < 6 or not cols[4].endswith(f":{remote_port}"):
             continue
-        if any(f"pid={pid}," in cols[5] for pid in pids):
+        users = " ".join(cols[5:])  # a process title may hold spaces: "[celeryd: name:MainProcess]"
+        if any(f"pid={pid}," in users for pid in pids):
             ports.append(int(cols[3].rsplit(":", 1)[1]))
     return ports
 

@@ -145,8 +145,9 @@ def _store_size(app: Any, rounds: int, n: int, log: Any) -> dict[str, Any]:
 
 def _rounds(app: Any, cells: list[Cell], rounds: int, n: int, log: Any) -> None:
     """Warm every cell up (connections, prepared statements: not recorded), then ``rounds`` rounds of one
-    batch per cell, the order rotating each round."""
-    meters = {id(cell.worker): CpuMeter(cell.worker) for cell in cells}
+    batch per cell, the order rotating each round (a private store server's CPU counts when the cell's
+    ``ctx`` names its ``server_pid``)."""
+    meters = {id(cell.worker): CpuMeter(cell.worker, cell.ctx.get("server_pid")) for cell in cells}
     for cell in cells:
         batch(app, meters[id(cell.worker)], cell.ctx, cell.variant, max(50, n // 10))
     for r in range(rounds):

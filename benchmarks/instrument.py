@@ -1,9 +1,12 @@
 """Store round-trip counters inside a worker process, at the driver boundary (loaded by the bench app when
 ``FENCE_BENCH_COUNT_DIR`` is set; never in a throughput run).
 
-- PostgreSQL: every psycopg ``Cursor.execute``/``executemany`` (one round trip each in autocommit), plus
-  every ``commit``/``rollback`` that actually has a transaction to end; SQLite: every ``sqlite3`` cursor
-  ``execute``/``executemany`` (in-process: statements, not network round trips);
+- PostgreSQL: every psycopg ``Cursor.execute``/``executemany`` (one round trip each in autocommit), the
+  ``BEGIN`` psycopg sends by itself before a statement outside autocommit (a round trip of its own, outside
+  pipeline mode), and every ``commit``/``rollback`` that actually has a transaction to end; SQLite: every
+  ``sqlite3`` cursor ``execute``/``executemany``, the ``BEGIN`` the driver opens by itself before a write
+  outside autocommit, and every ``commit``/``rollback`` that ends a transaction (in-process: statements,
+  not network round trips);
 - Redis: every command written to a socket of the store's server (``Connection.send_packed_command``);
 - etcd: every HTTP request sent to the store's endpoint (``http.client.HTTPConnection.request``, which the
   store's keep-alive connections use; resends included).
@@ -44,11 +47,19 @@ def _install_psycopg() -> None:
     execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
     commit, rollback = psycopg.Connection.commit, psycopg.Connection.rollback
 
+    def implicit_begin(cursor: Any) -> None:
+        conn = cursor.connection
+        idle = conn.info.transaction_status == TransactionStatus.IDLE
+        if idle and not conn.autocommit and getattr(conn, "_pipeline", None) is None:
+            _count("sql BEGIN (implicit)")
+
     def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        implicit_begin(self)
         _count(_kind(str(query)))
         return execute(self, query, *args, **kwargs)
 
     def counted_executemany(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        implicit_begin(self)
         _count(_kind(str(query)))
         return executemany(self, query, *args, **kwargs)
 
@@ -74,18 +85,38 @@ def _install_sqlite() -> None:
 
     from sqlalchemy import Engine, event
 
+    writes = ("INSERT", "UPDATE", "DELETE", "REPLACE")
+
     class Cursor(sqlite3.Cursor):
+        def _begin(self, sql: str) -> None:
+            conn = self.connection
+            implicit = conn.isolation_level is not None and not conn.in_transaction
+            if implicit and sql.lstrip().upper().startswith(writes):
+                _count("sql BEGIN (implicit)")
+
         def execute(self, sql: str, *args: Any) -> Any:
+            self._begin(sql)
             _count(_kind(sql))
             return super().execute(sql, *args)
 
         def executemany(self, sql: str, *args: Any) -> Any:
+            self._begin(sql)
             _count(_kind(sql))
             return super().executemany(sql, *args)
 
     class Connection(sqlite3.Connection):
         def cursor(self, *args: Any, **kwargs: Any) -> Any:
             return super().cursor(Cursor)
+
+        def commit(self) -> None:
+            if self.in_transaction:
+                _count("sql COMMIT")
+            super().commit()
+
+        def rollback(self) -> None:
+            if self.in_transaction:
+                _count("sql ROLLBACK")
+            super().rollback()
 
     def on_connect(dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
         if dialect.name == "sqlite":
@@ -141,8 +172,11 @@ def count_round_trips(store_url: str) -> Counter[str]:
 
 
 def install(directory: Path) -> None:
-    """In a worker: count, and write the counts after each task."""
-    count_round_trips(os.environ.get("FENCE_BENCH_STORE", ""))
+    """In a worker: count, and write the counts after each task (the round trips to the lease store, and
+    to the database of the variants' rows, ``FENCE_BENCH_ROWS_URL``, when it is set)."""
+    for url in (os.environ.get("FENCE_BENCH_STORE", ""), os.environ.get("FENCE_BENCH_ROWS_URL", "")):
+        if url:
+            count_round_trips(url)
 
     @task_postrun.connect(weak=False)
     def _dump(**_: Any) -> None:

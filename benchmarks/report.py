@@ -54,17 +54,38 @@ def figures(results: dict[str, Any]) -> dict[str, Any]:
         if isinstance(r, dict):
             flat[f"acquire_scaling/{size}_rows/median_us"] = r["median_us"]
             flat[f"acquire_scaling/{size}_rows/p99_us"] = r["p99_us"]
-    return flat | _curve(results.get("curve", {})) | _transactions(results.get("transactions", {}))
+    flat |= _curve(results.get("curve", {})) | _transactions(results.get("transactions", {}))
+    return flat | _fence_cost(results.get("fence_cost", {}))
+
+
+def _fence_cost(cost: dict[str, Any]) -> dict[str, Any]:
+    """Per store and variant: round trips per task, CPU per task, and what the fence adds to both."""
+    flat: dict[str, Any] = {}
+    for store, group in _stores(cost):
+        for v in group.get("variants", []):
+            r, where = group[v], f"fence_cost/{store}/{v}"
+            flat[f"{where}/round_trips_per_task"] = r["round_trips_per_task"]
+            flat[f"{where}/fence_round_trips"] = r["fence_round_trips"]
+            flat[f"{where}/cpu_us_per_task"] = r["cpu_us_per_task"]["total"]
+            flat[f"{where}/fence_cpu_us_per_task"] = _mm(r["fence_cpu_us_per_task"])
+            flat[f"{where}/over_unfenced"] = _mm(r["over_unfenced"])
+    return flat
 
 
 def _transactions(tx: dict[str, Any]) -> dict[str, Any]:
-    """FencedTask with a fenced transaction, SQLite against PostgreSQL, at each process count."""
+    """FencedTask writing a row with and without a fenced transaction, SQLite against PostgreSQL, at each
+    process count."""
     flat: dict[str, Any] = {}
     for store in ("sqlite", "postgresql"):
-        for c, r in _stores(tx.get(store)):
-            flat[f"transactions/{store}/{c}_processes/tasks_per_s"] = _mm(r["tasks_per_s"])
-    for c, r in _stores(tx.get("sqlite_over_postgresql")):
-        flat[f"transactions/{c}_processes/sqlite_over_postgresql"] = _mm(r)
+        group = tx.get(store, {})
+        for c, variants in group.get("processes", {}).items():
+            for v, r in variants.items():
+                flat[f"transactions/{store}/{c}_processes/{v}/tasks_per_s"] = _mm(r["tasks_per_s"])
+        for c, r in group.get("with_over_without", {}).items():
+            flat[f"transactions/{store}/{c}_processes/with_over_without"] = _mm(r)
+    for v, by_c in tx.get("sqlite_over_postgresql", {}).items():
+        for c, r in by_c.items():
+            flat[f"transactions/{c}_processes/{v}/sqlite_over_postgresql"] = _mm(r)
     return flat
 
 
@@ -169,10 +190,19 @@ def summary_text(results: dict[str, Any], elapsed: float) -> str:
         lines.append(f"  curve: fenced/plain by worker processes: {text}")
     if "store_size" in curve:
         lines.append(f"  curve: 100,000 keys / empty store: {span(curve['store_size']['full_over_empty'])}")
-    tx = results.get("transactions", {}).get("sqlite_over_postgresql")
-    if tx:
-        text = ", ".join(f"{c} {span(r, '{:.2f}')}" for c, r in tx.items())
-        lines.append(f"  transactions: sqlite/postgresql by worker processes: {text}")
+    tx = results.get("transactions", {})
+    for store in ("sqlite", "postgresql"):
+        ratio = tx.get(store, {}).get("with_over_without")
+        if ratio:
+            text = ", ".join(f"{c} {span(r, '{:.2f}')}" for c, r in ratio.items())
+            lines.append(f"  transactions: {store} with/without transaction() by worker processes: {text}")
+    for store, group in _stores(results.get("fence_cost")):
+        text = ", ".join(
+            f"{v} {group[v]['fence_round_trips']:+g} rt {group[v]['fence_cpu_us_per_task']['median']:+.0f} µs"
+            for v in group.get("variants", [])
+            if v != "plain_write"
+        )
+        lines.append(f"  fence_cost {store}: over the unfenced task: {text}")
     for t in results.get("targets", []):
         mark = {True: "MET   ", False: "MISSED", None: "n/a   "}[t["met"]]
         lines.append(f"  [{mark}] {t['target']}: {t['measured']}")

@@ -115,29 +115,57 @@ def _transactions(tx: dict[str, Any] | None) -> list[str]:
         return []
     s = tx.get("settings", {})
     each = f"{s.get('rounds')} alternating rounds, {s.get('tasks_per_batch')} tasks per batch"
-    out = [f"### FencedTask writing one row in transaction(): SQLite against PostgreSQL ({each})", ""]
-    head = ["processes (-c)", "SQLite tasks/s", "PostgreSQL tasks/s", "SQLite / PostgreSQL"]
-    rows = [
-        [
-            c,
-            span(tx["sqlite"][c]["tasks_per_s"], "{:.0f}"),
-            span(tx["postgresql"][c]["tasks_per_s"], "{:.0f}"),
-            span(ratio, "{:.2f}"),
-        ]
-        for c, ratio in tx["sqlite_over_postgresql"].items()
+    out = [
+        "### FencedTask writing one row with and without transaction(): SQLite against PostgreSQL "
+        f"(tasks/s, {each})",
+        "",
     ]
-    rows.append(["rows written", tx["sqlite"]["rows_written"], tx["postgresql"]["rows_written"], ""])
+    head = ["processes (-c)"]
+    for store in ("SQLite", "PostgreSQL"):
+        head += [f"{store} with", f"{store} without", f"{store} with / without"]
+    head += ["SQLite / PostgreSQL, with", "SQLite / PostgreSQL, without"]
+    rows = []
+    for c in tx["sqlite"]["processes"]:
+        row = [c]
+        for store in ("sqlite", "postgresql"):
+            cell = tx[store]["processes"][c]
+            row += [span(cell[v]["tasks_per_s"], "{:.0f}") for v in ("fenced_tx", "fenced_write")]
+            row.append(span(tx[store]["with_over_without"][c], "{:.2f}"))
+        row += [span(tx["sqlite_over_postgresql"][v][c], "{:.2f}") for v in ("fenced_tx", "fenced_write")]
+        rows.append(row)
+    written = [tx["sqlite"]["rows_written"], "", "", tx["postgresql"]["rows_written"], "", "", "", ""]
+    rows.append(["rows written (both variants)", *written])
+    out += _table(head, rows)
+    out += ["CPU µs per task, worker + PostgreSQL backends (medians over rounds):", ""]
+    head = ["processes (-c)", "SQLite with", "SQLite without", "PostgreSQL with", "PostgreSQL without"]
+    rows = [
+        [c]
+        + [
+            _cpu(tx[store]["processes"][c][v]["cpu_us_per_task"])
+            for store in ("sqlite", "postgresql")
+            for v in ("fenced_tx", "fenced_write")
+        ]
+        for c in tx["sqlite"]["processes"]
+    ]
     out += _table(head, rows)
     cycles = tx.get("cycles", {})
     if not cycles:
         return out
     cs = cycles.get("settings", {})
     out += [
-        f"### The same cycle without Celery: latency tail ({cs.get('rounds')} rounds of "
-        f"{cs.get('seconds')} s; medians over rounds, min-max in brackets)",
+        f"### The same cycles without Celery, with and without transaction(): latency tail "
+        f"({cs.get('rounds')} rounds of {cs.get('seconds')} s; medians over rounds, min-max in brackets)",
         "",
     ]
-    head = ["processes", "store", "cycles/s", "p50 ms", "p99 ms", "max ms", "slowest 1 s window / median"]
+    head = [
+        "processes",
+        "store, row in transaction()",
+        "cycles/s",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "slowest 1 s window / median",
+    ]
     formats = {"cycles_per_s": "{:.0f}", "p50_ms": "{:.2f}", "p99_ms": "{:.1f}", "max_ms": "{:.0f}"}
     formats["slowest_window_over_median"] = "{:.2f}"
     rows = [
@@ -146,6 +174,44 @@ def _transactions(tx: dict[str, Any] | None) -> list[str]:
         if n != "settings"
         for kind, r in kinds.items()
     ]
+    return out + _table(head, rows)
+
+
+def _fence_cost(cost: dict[str, Any] | None) -> list[str]:
+    if not cost:
+        return []
+    s = cost.get("settings", {})
+    labels = s.get("labels", {})
+    out = [
+        "### The fence's cost per task, beside an unfenced task writing the same row "
+        f"(-c {s.get('concurrency')}; round trips over {s.get('round_trip_tasks')} tasks; CPU and tasks/s: "
+        f"{s.get('rounds')} alternating rounds, {s.get('tasks_per_batch')} tasks per batch, etcd half)",
+        "",
+    ]
+    head = ["lease store", "task", "round trips per task", "the fence's", "what"]
+    head += ["CPU µs/task (worker + PostgreSQL + store server)", "the fence's CPU µs/task", "tasks/s"]
+    head += ["/ unfenced", "effects"]
+    rows = []
+    for store, group in cost.items():
+        if store == "settings" or "variants" not in group:
+            continue
+        for v in group["variants"]:
+            r, cpu = group[v], group[v]["cpu_us_per_task"]
+            parts = " + ".join(f"{cpu.get(k, 0):.0f}" for k in ("worker", "postgres", "store_server"))
+            rows.append(
+                [
+                    store,
+                    labels.get(v, v),
+                    r["round_trips_per_task"],
+                    f"{r['fence_round_trips']:+g}",
+                    ", ".join(f"{k} {n:g}" for k, n in r["round_trips_by_kind"].items()),
+                    f"{cpu['total']:.0f} ({parts})",
+                    span(r["fence_cpu_us_per_task"], "{:+.0f}"),
+                    span(r["tasks_per_s"], "{:.0f}"),
+                    span(r["over_unfenced"], "{:.2f}"),
+                    r["effects_checked"],
+                ]
+            )
     return out + _table(head, rows)
 
 
@@ -233,6 +299,7 @@ def tables(results: dict[str, Any], labels: dict[str, str]) -> str:
     if "curve" in results:
         out += _curve(results["curve"], m.get("cores"))
     out += _transactions(results.get("transactions"))
+    out += _fence_cost(results.get("fence_cost"))
     if "targets" in results:
         rows = [
             [t["target"], t["measured"], {True: "met", False: "**missed**", None: "n/a"}[t["met"]]]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,8 @@ def _server_count(kind: str, url: str) -> float | None:
     return None
 
 
-def _send(app: Any, n: int) -> None:
-    task = app.tasks["bench.fenced"]
+def _send(app: Any, n: int, variant: str = "fenced") -> None:
+    task = app.tasks[f"bench.{variant}"]
     with app.producer_or_acquire() as producer:
         for i in range(n):
             task.apply_async((i, "rt"), queue=QUEUE, producer=producer)
@@ -51,24 +52,41 @@ def _send(app: Any, n: int) -> None:
         wait_for(lambda: client.llen(QUEUE) == 0 and client.hlen("unacked") == 0, 120, "round-trip batch")
 
 
-def _one_store(app: Any, kind: str, url: str, schema_dsn: str, tasks: int, warmup: int) -> dict[str, Any]:
+def count_variants(
+    app: Any, kind: str, url: str, env: dict[str, str], variants: Sequence[str], tasks: int, warmup: int
+) -> dict[str, dict[str, Any]]:
+    """Round trips per task of each of ``variants`` (bench app task names), one after the other in one
+    counting worker on the lease store at ``url`` (``env``: the worker's other settings)."""
+    out: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="fence-bench-rt-") as tmp:
-        env = {"FENCE_BENCH_STORE": url, "FENCE_BENCH_COUNT_DIR": tmp, "FENCE_BENCH_PG_DSN": schema_dsn}
-        env["FENCE_BENCH_BROKER"] = REDIS_URL
+        env = {**env, "FENCE_BENCH_STORE": url, "FENCE_BENCH_COUNT_DIR": tmp, "FENCE_BENCH_BROKER": REDIS_URL}
         with Worker(f"rt-{kind}", env, QUEUE) as worker:
-            _send(app, warmup)
-            wait_for(lambda: _read_counts(Path(tmp))[0] >= warmup, 30, "warm-up counts")
-            for _ in range(3):  # again if a connection was killed from outside meanwhile (shared machine)
-                disturbed = worker.disturbances()
-                warm_tasks, warm_total, warm_kinds = _read_counts(Path(tmp))
-                server_before = _server_count(kind, url)
-                _send(app, tasks)
-                wait_for(lambda: _read_counts(Path(tmp))[0] >= warm_tasks + tasks, 30, "counts")  # noqa: B023
-                done, total, kinds = _read_counts(Path(tmp))
-                server_after = _server_count(kind, url)
-                if worker.disturbances() == disturbed:
-                    break
+            for variant in variants:  # connections, schema check, script loads: the per-process setup
+                _send(app, warmup, variant)
+            wait_for(lambda: _read_counts(Path(tmp))[0] >= warmup * len(variants), 30, "warm-up counts")
+            warm = _read_counts(Path(tmp))
+            for variant in variants:
+                out[variant] = _one_variant(app, worker, kind, url, Path(tmp), variant, tasks)
+                out[variant] |= {"warmup_tasks": warm[0], "warmup_round_trips": warm[1]}
             errors = worker.errors()
+    for result in out.values():
+        result["worker_errors"] = errors[-1000:]
+    return out
+
+
+def _one_variant(
+    app: Any, worker: Worker, kind: str, url: str, counts: Path, variant: str, tasks: int
+) -> dict[str, Any]:
+    for _ in range(3):  # again if a connection was killed from outside meanwhile (shared machine)
+        disturbed = worker.disturbances()
+        warm_tasks, warm_total, warm_kinds = _read_counts(counts)
+        server_before = _server_count(kind, url)
+        _send(app, tasks, variant)
+        wait_for(lambda: _read_counts(counts)[0] >= warm_tasks + tasks, 30, "counts")  # noqa: B023
+        done, total, kinds = _read_counts(counts)
+        server_after = _server_count(kind, url)
+        if worker.disturbances() == disturbed:
+            break
     n = done - warm_tasks
     per_kind = {
         k: round((v - warm_kinds.get(k, 0)) / n, 3) for k, v in kinds.items() if v - warm_kinds.get(k, 0)
@@ -81,10 +99,12 @@ def _one_store(app: Any, kind: str, url: str, schema_dsn: str, tasks: int, warmu
         "per_task": round((total - warm_total) / n, 3),
         "by_kind_per_task": per_kind,
         "server_side_per_task": server,
-        "warmup_tasks": warm_tasks,
-        "warmup_round_trips": warm_total,
-        "worker_errors": errors[-1000:],
     }
+
+
+def _one_store(app: Any, kind: str, url: str, schema_dsn: str, tasks: int, warmup: int) -> dict[str, Any]:
+    env = {"FENCE_BENCH_PG_DSN": schema_dsn}
+    return count_variants(app, kind, url, env, ["fenced"], tasks, warmup)["fenced"]
 
 
 def run(tasks: int, log: Any, stores: tuple[str, ...] = STORES) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from pathlib import Path
 import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ProgrammingError
 
 from celery_fence.testing import free_port
 
@@ -51,10 +52,25 @@ def libpq_dsn(schema: str | None = None) -> str:
     return " ".join(parts)
 
 
+def _ensure_database() -> None:
+    """Create ``PG_URL``'s database when the server has none of that name (a fresh machine)."""
+    url = make_url(PG_URL)
+    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            query = text("SELECT 1 FROM pg_database WHERE datname = :name")
+            if conn.execute(query, {"name": url.database}).first() is None:
+                with contextlib.suppress(ProgrammingError):  # another process created it meanwhile
+                    conn.execute(text(f'CREATE DATABASE "{url.database}"'))
+    finally:
+        admin.dispose()
+
+
 @contextlib.contextmanager
 def pg_schema(tag: str) -> Iterator[PgSchema]:
     """A fresh ``fence_bench_<tag>_<hex>`` schema, dropped (CASCADE) on the way out."""
     name = f"{PREFIX}_{tag}_{uuid.uuid4().hex[:8]}"
+    _ensure_database()
     admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-from sqlalchemy import create_engine
+from sqlalchemy import bindparam, create_engine, text
 
 from . import handwritten, peers
 from .cpu import CpuMeter
@@ -82,11 +82,13 @@ def _create_user_tables(schema: PgSchema) -> None:
 def bench_worker(
     app: Any, kind: str, store: LeaseStore, schema: PgSchema, queue: str = LIVE, concurrency: int = 2
 ) -> Iterator[Worker]:
-    """A worker ``-c concurrency`` of the bench app on ``queue``, its fenced tasks on ``store``."""
+    """A worker ``-c concurrency`` of the bench app on ``queue``, its fenced tasks on ``store``; the tasks
+    that write a row write it in the store's database, or in ``schema`` when the store is not SQL."""
     peer_redis = store.redis_url or peers.PEER_REDIS
     env = {
         "FENCE_BENCH_STORE": store.url,
         "FENCE_BENCH_PG_DSN": schema.dsn,
+        "FENCE_BENCH_ROWS_URL": rows_url(store, schema),
         "FENCE_BENCH_BROKER": REDIS_URL,
         "FENCE_BENCH_PEER_REDIS": peer_redis,
     }
@@ -95,6 +97,12 @@ def bench_worker(
         client.delete(queue, STAGE, "unacked", "unacked_index")
     with Worker(f"tp-{kind}", env, queue, concurrency) as worker:
         yield worker
+
+
+def rows_url(store: LeaseStore, schema: PgSchema) -> str:
+    """Where the variants that write a row write it: the lease store's database when it is SQL, else the
+    run's PostgreSQL schema."""
+    return store.url if store.url.startswith(("sqlite", "postgresql")) else schema.url
 
 
 def _point_celery_once(app: Any, url: str) -> None:
@@ -204,7 +212,9 @@ def _check(ctx: dict[str, Any], variant: str, tag: str, ids: list[str]) -> tuple
     picks = random.sample(range(len(ids)), min(SAMPLE, len(ids)))
     if variant in ("plain", "celery_once"):
         return 0, 0
-    if variant in ("fenced", "fenced_tx"):
+    if variant == "plain_write":
+        return _check_rows(ctx["rows"], [ids[i] for i in picks]), len(picks)
+    if variant.startswith("fenced"):
         states = [ctx["store"].get(ids[i]) for i in picks]
         return sum(1 for s in states if s is not None and s.done), len(picks)
     if variant in ("fencekit_redis", "fencekit_celery"):
@@ -218,6 +228,14 @@ def _check(ctx: dict[str, Any], variant: str, tag: str, ids: list[str]) -> tuple
             sql = "SELECT count(*) FROM fence_bench_handwritten WHERE key = ANY(%s) AND done"
         row = conn.execute(sql, (keys,)).fetchone()
     return (int(row[0]) if row else 0), len(picks)
+
+
+def _check_rows(engine: Any, keys: list[str]) -> int:
+    """How many of ``keys`` have their row in ``fence_bench_tx`` (``engine``: the rows' database)."""
+    query = text("SELECT count(*) FROM fence_bench_tx WHERE key IN :keys")
+    query = query.bindparams(bindparam("keys", expanding=True))
+    with engine.connect() as conn:
+        return int(conn.execute(query, {"keys": keys}).scalar() or 0)
 
 
 def _check_fencekit(url: str, variant: str, tag: str, picks: list[int]) -> int:

@@ -3,7 +3,9 @@
 N processes (spawned, one store each) run the cycle of a FencedTask that writes one row in its transaction,
 back to back for a fixed time on one store: acquire, the run's transaction (the guard and one ``INSERT``),
 the completion that commits it. Each cycle's latency is recorded, and the cycles each process finished in
-every 1 s window. SQLite and PostgreSQL alternate within each round, on the same cycle.
+every 1 s window. SQLite and PostgreSQL alternate within each round, on the same cycle; so do the cycle
+*with* ``transaction()`` and the cycle *without*: acquire, the same ``INSERT`` in a transaction of its own
+(``engine.begin()`` on an engine of the process's own), the completion.
 
 SQLite has no queue for its write lock: a writer that finds it taken sleeps in SQLite's busy handler
 (1, 2, 5, 10 ... then 100 ms between tries) and may lose every try to the writers that come back sooner.
@@ -30,11 +32,14 @@ def prepare(store: Any) -> None:
         conn.execute(text(TABLE_DDL))
 
 
-def _cycles(url: str, seconds: float, ready: Any, start: Any, out: Any) -> None:
+def _cycles(url: str, seconds: float, ready: Any, start: Any, out: Any, joined: bool = True) -> None:
+    from sqlalchemy import create_engine
+
     from celery_fence import open_store
     from celery_fence.fence import Fence
 
     store = open_store(url)
+    own = create_engine(url)
     insert = text("INSERT INTO fence_bench_cycles (key) VALUES (:k)")
     latencies, windows, in_window = [], [], 0
     ready.put(True)  # imported and opened: what is measured starts together
@@ -44,7 +49,7 @@ def _cycles(url: str, seconds: float, ready: Any, start: Any, out: Any) -> None:
         sent = time.monotonic()
         key = uuid.uuid4().hex
         fence = Fence(store, store.acquire(key, "w", 30.0), None, 30.0)
-        with fence.transaction() as conn:
+        with fence.transaction() if joined else own.begin() as conn:
             conn.execute(insert, {"k": key})
         fence.commit("ok")
         now = time.monotonic()
@@ -54,14 +59,17 @@ def _cycles(url: str, seconds: float, ready: Any, start: Any, out: Any) -> None:
             windows.append(in_window)
             in_window, window = 0, now
     store.close()
+    own.dispose()
     out.put((latencies, windows))
 
 
-def measure(url: str, processes: int, seconds: float) -> dict[str, Any]:
-    """One fixed-time run of ``processes`` processes on ``url``."""
+def measure(url: str, processes: int, seconds: float, joined: bool = True) -> dict[str, Any]:
+    """One fixed-time run of ``processes`` processes on ``url``; the row in ``transaction()`` if ``joined``
+    (else in a transaction of its own)."""
     ctx = multiprocessing.get_context("spawn")
     ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_cycles, args=(url, seconds, ready, start, out)) for _ in range(processes)]
+    args = (url, seconds, ready, start, out, joined)
+    procs = [ctx.Process(target=_cycles, args=args) for _ in range(processes)]
     for p in procs:
         p.start()
     for _ in procs:
@@ -81,19 +89,22 @@ def measure(url: str, processes: int, seconds: float) -> dict[str, Any]:
     }
 
 
+MODES = {"with": True, "without": False}  # the row in transaction(), or in a transaction of its own
+
+
 def run(urls: dict[str, str], rounds: int, seconds: float, log: Any) -> dict[str, Any]:
-    """``urls``: a prepared store per kind. Per process count and kind: each figure's median over rounds."""
+    """``urls``: a prepared store per kind. Per process count, kind and mode (``{kind} {mode}``): each
+    figure's median over rounds."""
     out: dict[str, Any] = {"settings": {"rounds": rounds, "seconds": seconds, "processes": list(PROCESSES)}}
+    cells = [(kind, mode) for kind in urls for mode in MODES]
     for n in PROCESSES:
-        runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in urls}
+        runs: dict[str, list[dict[str, Any]]] = {f"{k} {m}": [] for k, m in cells}
         for r in range(rounds):
-            order = list(urls) if r % 2 == 0 else list(reversed(urls))
-            for kind in order:
-                runs[kind].append(measure(urls[kind], n, seconds))
+            for kind, mode in cells[r % len(cells) :] + cells[: r % len(cells)]:
+                runs[f"{kind} {mode}"].append(measure(urls[kind], n, seconds, MODES[mode]))
             line = ", ".join(
-                f"{k} {runs[k][-1]['cycles_per_s']:.0f}/s p99 {runs[k][-1]['p99_ms']:.1f} ms "
-                f"max {runs[k][-1]['max_ms']:.0f} ms"
-                for k in urls
+                f"{k} {m[-1]['cycles_per_s']:.0f}/s p99 {m[-1]['p99_ms']:.1f} ms max {m[-1]['max_ms']:.0f} ms"
+                for k, m in runs.items()
             )
             log(f"  cycles, {n} processes, round {r + 1}/{rounds}: {line}")
         out[str(n)] = {
