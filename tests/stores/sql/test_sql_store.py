@@ -23,8 +23,10 @@ from celery_fence import (
     open_store,
 )
 from celery_fence.fence import Fence
+from celery_fence.lease import Lease
 from celery_fence.stores.sql import SQLStore
 from celery_fence.stores.sql.engine import SessionLimits
+from celery_fence.stores.sql.errors import Unchanged
 from celery_fence.testing import wait_for
 from tests.support.harnesses import HARNESSES
 from tests.support.racing import race
@@ -151,6 +153,27 @@ def test_a_runs_transaction_opens_with_one_statement(sql: SQLStore) -> None:
             wire.close()
     assert opened == [1], counter.statements
     assert idle == ([str(int(TTL * 1000))] if sql.dialect == "postgresql" else [])
+
+
+def test_a_completion_that_changes_no_row_fails_its_transaction_and_nothing_commits(
+    sql: SQLStore, effects: str
+) -> None:
+    """The completion goes with the COMMIT (one query on PostgreSQL): when it matches no row it must fail
+    the transaction (``fence_unchanged()``), or the COMMIT behind it would commit the run's writes."""
+    sql.migrate()
+    lease = Lease("never-acquired", 7, "w")
+    statements = sql.statements
+    conn = statements.connect()
+    tx = conn.begin()
+    try:
+        conn.execute(text(f"INSERT INTO {effects} (key, token, who) VALUES ('k', 7, 'unfenced')"))
+        with pytest.raises(Unchanged):
+            statements.last(conn, tx, "complete_or_fail", statements.complete_params(lease, "result"))
+    finally:
+        conn.close()
+    with sql.engine.connect() as check:
+        assert check.execute(text(f"SELECT count(*) FROM {effects}")).scalar() == 0
+    assert sql.get("never-acquired") is None
 
 
 def test_a_takeover_draws_one_token(sql: SQLStore) -> None:
