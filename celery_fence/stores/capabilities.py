@@ -33,11 +33,10 @@ class Capabilities:
         """Why ``task``'s ``fence_mode="commit"`` cannot work on this store, if it cannot."""
         if self.fenced_commit != "no":
             return None
-        fix = (
-            "; with Django, use fence_mode='lease' and self.fence.atomic()" if self.django_alias is not None
-            else ": it needs a SQL store whose database holds the task's tables (PostgreSQL or SQLite)"
+        return (
+            f"{task}: fence_mode='commit' is not available on {self.name}: it needs a SQL store whose "
+            "database holds the task's tables (PostgreSQL or SQLite); or use fence_mode='lease'"
         )
-        return f"{task}: fence_mode='commit' is not available on {self.name}{fix}; or use fence_mode='lease'"
 
     def ttl_warning(self, ttl: float) -> str | None:
         """What the store does to ``ttl``, if it keeps it otherwise than asked."""

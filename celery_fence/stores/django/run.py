@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,6 +28,7 @@ from ...lease import Lease
 from ..sql.driver import translate_errors
 from ..sql.errors import (  # what a driver error means, and what of it a caller's statement may meet
     _TRANSIENT_IN_TRANSACTION,
+    Unchanged,
     driver_error,
     safe_url,
     user_statement_errors,
@@ -36,7 +37,7 @@ from ..sql.run import RunTransaction
 from ..sql.statements import LeaseStatements
 from .borrowed import BorrowedConnection
 
-__all__ = ["DjangoRunTransaction"]
+__all__ = ["DjangoCommitTransaction", "DjangoRunTransaction"]
 
 log = logging.getLogger(__name__)
 
@@ -225,3 +226,48 @@ def _django_errors(url: str) -> Iterator[None]:
         raise
     except DjangoDatabaseError as exc:
         raise driver_error(url, exc.__cause__ or exc, False) from exc
+
+
+class DjangoCommitTransaction(DjangoRunTransaction):
+    """``fence_mode="commit"`` on Django's connection (``stores.sql.run.CommitTransaction`` in a Django
+    transaction): it opens with a read of the key, the ORM's writes in ``self.fence.atomic()`` join it, and
+    the completion claims the key, then leaves the outermost ``atomic()``: the claim, the ORM's writes and
+    the ``on_commit`` callbacks go together or not at all."""
+
+    def __init__(
+        self,
+        statements: LeaseStatements,
+        borrowed: BorrowedConnection,
+        key: str,
+        owner: str,
+        ttl: float,
+        lock_timeouts: str | None,
+        run: Mapping[str, Any] | None,
+    ) -> None:
+        self.run = run
+        self.token: int | None = None  # the token the claim drew, once it committed
+        super().__init__(statements, borrowed, Lease(key, 0, owner), ttl, lock_timeouts)
+
+    def complete(self, result: Any) -> None:
+        """Claim the key with ``result``, then commit by leaving the outermost ``atomic()``. ``StaleToken``
+        (recorded; nothing committed): the key is done or leased."""
+        conn = self._usable()
+        params = self.statements.claim_params(self.lease, result, self.run)
+        try:
+            self._refuse_doomed()
+            with translate_errors(self.statements.url):
+                claimed = conn.execute(self.statements.queries.claim, params).first()
+            if claimed is None:  # SQLite; PostgreSQL's claim fails instead (Unchanged)
+                raise Unchanged(f"the claim of key {self.lease.key!r} changed no row")
+            failpoint("before-commit")
+            self._commit()
+            self.token = int(claimed.token)
+        except Unchanged:
+            self.close()
+            self.statements.refuse(self.lease, "commit")
+        finally:
+            self.close()
+
+    def _guard(self, conn: Connection, ttl: float, step: str | None) -> bool:
+        self.statements.open_read(conn, self.lease.key, ttl, with_begin=False)  # Django began it
+        return True

@@ -10,6 +10,7 @@ Django's connection for the alias in the run's thread, so the ORM writes in it a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,12 +22,13 @@ from sqlalchemy.engine import URL
 
 from ...errors import ConfigurationError
 from ...lease import Lease
+from ..base import RunTransactionHandle
 from ..capabilities import Capabilities
 from ..sql.engine import SessionLimits
 from ..sql.store import SQLStore, sql_capabilities
 from ..sql.url import check_sql_store_url
 from .borrowed import BorrowedConnection
-from .run import DjangoRunTransaction
+from .run import DjangoCommitTransaction, DjangoRunTransaction
 
 __all__ = [
     "DjangoStore",
@@ -129,9 +131,7 @@ def django_capabilities(url: str) -> Capabilities:
     """The SQL store's, with the alias whose transactions are the run's (``self.fence.atomic()``)."""
     alias = alias_of(url)
     found = sql_capabilities(database_url(alias))
-    # fence_mode="commit" is not built for Django's connection yet: the ORM's writes would not join the claim
-    name = f"{found.name} (Django's {alias!r} database)"
-    return replace(found, name=name, django_alias=alias, fenced_commit="no")
+    return replace(found, name=f"{found.name} (Django's {alias!r} database)", django_alias=alias)
 
 
 class DjangoStore(SQLStore):
@@ -154,6 +154,13 @@ class DjangoStore(SQLStore):
             self._timeouts = "SELECT " + ", ".join(
                 f"set_config('{name}', '{int(value * 1000)}', true)" for name, value in ms.items()
             )
+
+    def begin_commit(
+        self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None
+    ) -> RunTransactionHandle:
+        """``fence_mode="commit"``'s transaction on Django's connection: the ORM's writes join the claim."""
+        self.connections.ready()
+        return DjangoCommitTransaction(self.statements, self.borrowed, key, owner, ttl, self._timeouts, run)
 
     def _run_transaction(self, lease: Lease, ttl: float, step: str | None = None) -> DjangoRunTransaction:
         """The run's transaction on Django's connection (``begin_run``, and ``transaction()`` of one block):

@@ -21,11 +21,11 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from ..._failpoints import failpoint
-from ...errors import AlreadyDone, LeaseHeld, StaleToken, StoreUnavailable, UsageError
-from ...lease import Lease, LeaseState
+from ...errors import StaleToken, StoreUnavailable, UsageError
+from ...lease import Lease
 from .driver import translate_errors
 from .errors import Unchanged, user_statement_errors
-from .statements import LeaseStatements, lease_state
+from .statements import LeaseStatements
 
 __all__ = ["CommitTransaction", "RunTransaction"]
 
@@ -206,20 +206,6 @@ class CommitTransaction(RunTransaction):
 
     def _guard(self, conn: Connection, ttl: float, step: str | None) -> bool:
         """The transaction's first statement: a read of the key (``AlreadyDone``, ``LeaseHeld``: the run
-        does not start). A paused run blocks a copy's claim (its row lock) for one ttl at most, as a lease
-        mode run blocks a takeover."""
-        params = {"key": self.lease.key, "idle_ms": max(1, int(ttl * 1000))}
-        row = self.statements.first(conn, "open_read", params)
-        taken = None if row is None or row.key is None else _taken(lease_state(row))
-        if taken is not None:
-            raise taken
+        does not start)."""
+        self.statements.open_read(conn, self.lease.key, ttl, self.OWN_CONNECTION)
         return True
-
-
-def _taken(state: LeaseState) -> AlreadyDone | LeaseHeld | None:
-    """Why a fenced commit does not run the body on a key in ``state``: it is done, or a lease holds it."""
-    if state.done:
-        return AlreadyDone(state.key, state.token, state.result)
-    if state.expires_in is not None and state.expires_in > 0:
-        return LeaseHeld(state.key, state.owner, state.expires_in)
-    return None

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 from sqlalchemy import Connection, Row
 
 from ... import codec
-from ...errors import StaleToken
+from ...errors import AlreadyDone, LeaseHeld, StaleToken
 from ...lease import Lease, LeaseState
 from .driver import Connections, compiled, in_one_round_trip
 from .errors import Unchanged, safe_url
@@ -82,6 +82,24 @@ class LeaseStatements:
         if with_begin:
             return self.first(conn, "open_guard", params) is not None
         return conn.execute(self.queries.open_guard, params).first() is not None
+
+    def open_read(self, conn: Connection, key: str, ttl: float, with_begin: bool) -> None:
+        """A fenced commit's first statement: read the key in ``conn``'s transaction, and raise
+        ``AlreadyDone`` or ``LeaseHeld`` if it is finished or leased. A paused run blocks a copy's claim (its
+        row lock) for one ttl at most where the server can end it (PostgreSQL), as a lease mode run blocks
+        a takeover. ``with_begin``: as for :meth:`guard`."""
+        params = {"key": key, "idle_ms": max(1, int(ttl * 1000))}
+        if with_begin:
+            row = self.first(conn, "open_read", params)
+        else:
+            row = conn.execute(self.queries.open_read, params).first()
+        if row is None or row.key is None:
+            return
+        state = lease_state(row)
+        if state.done:
+            raise AlreadyDone(state.key, state.token, state.result)
+        if state.expires_in is not None and state.expires_in > 0:
+            raise LeaseHeld(state.key, state.owner, state.expires_in)
 
     def refuse(self, lease: Lease, what: str) -> NoReturn:
         """Record the refusal of ``what`` in its own statement, then raise ``StaleToken`` with the current

@@ -18,7 +18,7 @@ from sqlalchemy import Connection
 from ... import codec
 from ...errors import AlreadyDone, InvalidArgument, LeaseHeld
 from ...lease import Abandoned, HistoryEvent, Lease, LeaseState
-from ..base import past_the_range
+from ..base import RunTransactionHandle, past_the_range
 from ..capabilities import Capabilities
 from .driver import Connections, translate_errors
 from .engine import SessionLimits
@@ -119,7 +119,7 @@ class SQLStore:
 
     def begin_commit(
         self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None
-    ) -> CommitTransaction:
+    ) -> RunTransactionHandle:
         """Open a fenced commit's transaction (``fence_mode="commit"``): ``AlreadyDone`` or ``LeaseHeld``
         (nothing begun) when the key is done or leased."""
         self.connections.ready()
