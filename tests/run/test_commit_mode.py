@@ -14,7 +14,8 @@ from celery import Celery
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
-from celery_fence import FencedTask, UsageError
+from celery_fence import FencedTask, StoreUnavailable, UsageError
+from celery_fence.stores.sql.statements import LeaseStatements
 from celery_fence.verify import verify
 from tests.support.inprocess import eager_app
 from tests.support.round_trips import RoundTrips
@@ -225,3 +226,34 @@ def test_a_commit_mode_run_takes_three_round_trips_and_a_lease_mode_run_four(app
             assert counts == [expected] * 10, (mode, counts)
     finally:
         wire.close()
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "not-committed"])
+def test_a_claim_whose_reply_is_lost_is_read_back_by_its_owner(
+    app: Celery, store: Any, monkeypatch: pytest.MonkeyPatch, committed: bool
+) -> None:
+    """The claim and its COMMIT were sent and the connection broke: the run reads the key. Its own claim
+    (the row names its owner: it has no token to compare) is SUCCESS with its result; no claim is an unknown
+    outcome, which apply() reports (a worker sends the run again), never a FAILURE of the body's."""
+    real_last = LeaseStatements.last
+
+    def lost_reply(self: Any, conn: Any, tx: Any, name: str, params: Any) -> Any:
+        if name == "claim" and committed:
+            real_last(self, conn, tx, name, params)
+        raise StoreUnavailable("the connection broke while the reply was due")
+
+    monkeypatch.setattr(LeaseStatements, "last", lost_reply)
+
+    @app.task(base=FencedTask, bind=True, shared=False, fence_mode="commit")
+    def ship(self: Any) -> str:
+        with self.fence.transaction() as conn:
+            write(conn, "o-7", self.request.id)
+        return "shipped"
+
+    result = ship.apply(task_id="ship-7")
+    if committed:
+        assert result.get() == "shipped" and rows(store) == {"o-7": "ship-7"}
+    else:
+        assert result.failed() and isinstance(result.result, StoreUnavailable), result.result
+        assert "may have committed" in str(result.result)
+        assert rows(store) == {} and store.get("ship-7") is None
