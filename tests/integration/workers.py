@@ -18,11 +18,12 @@ CELERY = str(Path(sys.executable).with_name("celery"))
 def start_worker(
     name: str, env: dict[str, str], workdir: Path, queues: str = "celery", pool: str = "prefork",
     concurrency: int = 1, extra: tuple[str, ...] = (), prefix: tuple[str, ...] = (),
+    app_path: str = "tests.integration.fenced_app",
 ) -> Worker:  # fmt: skip
-    """Start ``tests.integration.fenced_app``'s worker named ``name`` (``prefix``: e.g. faketime) and wait
-    until it is ready."""
+    """Start the worker named ``name`` of ``app_path`` (``tests.integration.fenced_app``'s app by default;
+    ``prefix``: e.g. faketime) and wait until it is ready."""
     worker = Worker(
-        "tests.integration.fenced_app", name, workdir, queues=queues, pool=pool, concurrency=concurrency,
+        app_path, name, workdir, queues=queues, pool=pool, concurrency=concurrency,
         env=env, args=("-E", *extra), cwd=ROOT, wrapper=prefix,
     )  # fmt: skip
     return worker.start()

@@ -1,0 +1,43 @@
+"""``fenced_app``'s app with a ``fence_mode="commit"`` task, for tests/integration/test_commit_mode_worker.py.
+
+A module of its own: a worker refuses to start when a commit-mode task is registered on a store that cannot
+fence a commit (Redis, etcd), and ``fenced_app``'s workers run on every store. Only a worker started with
+``-A tests.integration.commit_app`` has this task.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery_fence import FencedTask
+
+from .fenced_app import INSERT, app, mark
+
+__all__ = ["app", "commit_write", "commit_write_unrejected"]
+COMMIT = {"base": FencedTask, "bind": True, "fence_key": "commit:{item}", "fence_mode": "commit"}
+
+
+def _write(self: Any, item: str) -> dict[str, Any]:
+    """One row in ``fence_it_effects`` through ``transaction()``: it commits with the claim of the key, or
+    not at all. Marks ``started`` (``redelivered`` too: the broker delivered the message again), ``wrote``."""
+    mark(self, "started")
+    if (self.request.delivery_info or {}).get("redelivered"):
+        mark(self, "redelivered")
+    with self.fence.transaction() as conn:
+        run = {"id": self.request.id, "pid": os.getpid()}
+        conn.execute(INSERT, {"k": self.fence.key, "t": self.fence.token, **run})
+    mark(self, "wrote")
+    return {"item": item, "by": self.request.id, "pid": os.getpid()}
+
+
+@app.task(name="commit_app.commit_write", **COMMIT)
+def commit_write(self: Any, item: str) -> dict[str, Any]:
+    """The app's ``task_reject_on_worker_lost``: a lost pool process's message goes back to the broker."""
+    return _write(self, item)
+
+
+@app.task(name="commit_app.commit_write_unrejected", reject_on_worker_lost=False, **COMMIT)
+def commit_write_unrejected(self: Any, item: str) -> dict[str, Any]:
+    """Without ``reject_on_worker_lost``: Celery's default decides what becomes of a lost run's message."""
+    return _write(self, item)
