@@ -159,14 +159,15 @@ def test_without_reject_on_worker_lost_a_killed_pool_process_is_acked_and_its_ta
     assert _logged(cluster, commit_write_unrejected, result.id, "received") == 1
 
 
-@pytest.mark.parametrize("cluster", [{"store": "postgresql", "visibility": "3"}], indirect=True)
+@pytest.mark.parametrize("cluster", [{"store": "postgresql", "visibility": "6"}], indirect=True)
 def test_a_whole_worker_killed_before_its_claim_is_redelivered_after_the_visibility_timeout(
     cluster: Cluster,
 ) -> None:
     """SIGKILL the whole worker (main process and pool) between the write and the claim: nobody acks or
-    rejects, so the message stays in Redis's unacked set until ``visibility_timeout`` (3 s here) passes and a
-    worker's restore sweep puts it back in the queue; the next worker runs it, flagged redelivered, and it
-    commits once."""
+    rejects, so the message stays in Redis's unacked set until ``visibility_timeout`` passes and a worker's
+    restore sweep puts it back in the queue; the next worker runs it, flagged redelivered, and it commits
+    once. 6 s: far above the time from delivery to the kill, so the live worker cannot restore its own
+    message before it is killed."""
     first = _worker(cluster, "a")
     result, key, pid, block = _held_before_claim(cluster, commit_write_unrejected)
     os.killpg(first.pid, signal.SIGKILL)  # its own process group: the main process and its pool
