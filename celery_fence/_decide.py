@@ -249,16 +249,17 @@ def view_of(
 
     ``handoff`` is the token of the attempt that re-queued this copy (its message header), if any.
     ``claimant``: the owner of a run of ``fence_mode="commit"``, which has no token until its claim draws
-    one; the key's row names it once that claim committed (owners are unique per run).
+    one; the key's row names it once that claim committed (owners are unique per run). A key such a run's
+    task id ended FAILURE (a copy marked it dead with its run record) is that task id's ending too.
     """
     if state is None:
         return View.GONE
-    if state.token == token or (claimant is not None and state.owner == claimant):
+    if (state.owner == claimant) if claimant is not None else (state.token == token):
         return _mine(state)
     if handoff is not None and state.token == handoff and not state.done and state.expires_in is not None:
         return View.HANDED_OFF
     same = _task_id(state.run) == task_id
-    if state.done:
+    if state.done or (claimant is not None and same and state.dead is not None):
         return View.SAME_TASK_DONE if same else View.OTHER_TASK_DONE
     if state.expires_in is None:
         return View.FREE

@@ -201,8 +201,20 @@ class Run:
             log.warning("fence: store unavailable in %s, re-queued: %s", self.key, exc)
             return self._end(decide(Facts(Event.BODY_UNKNOWN)), fence, None, self.policy.interval, cause=exc)
         except BaseException as exc:
-            return self._end(self._decide(Facts(body_event(exc)), fence.token), fence, None, cause=exc)
+            event = body_event(exc)
+            if self.claimant and event in (Event.RAISED, Event.INTERRUPTED) and self._ends_first(fence, exc):
+                return self._end(Action.FAIL, fence, None, cause=exc)
+            return self._end(self._decide(Facts(event), fence.token), fence, None, cause=exc)
         return self._complete(fence, result)
+
+    def _ends_first(self, fence: Fence, exc: BaseException) -> bool:
+        """``fence_mode="commit"``: whether this run's FAILURE is its task id's ending. It marks the key ended
+        (``strand``: a free key only), so the claim of a copy of this task id running beside it is refused
+        from now on. ``False``: a copy claimed the key first, or the store did not answer: the read decides
+        (a copy's committed claim makes this run's ending that copy's)."""
+        fence.abort()  # first: on SQLite this run's transaction holds the write lock that the mark needs
+        reason = f"{self.name} ended FAILURE ({type(exc).__name__})"
+        return bool(quietly(self.store.strand, self.key, self.run_info, reason))
 
     def _hooks(self, fence: Fence) -> tuple[OnLost, OnRenewed]:
         def on_lost(lost: Lease, reason: str) -> None:  # the renewer's thread

@@ -210,7 +210,7 @@ class MemoryStore:
         run_text = codec.dumps_mapping(run, self.max_value_bytes)
         with self._lock:
             now, row = self.clock(), self._rows.get(key)
-            if row is not None and (row.done or (row.expires_at is not None and row.expires_at > now)):
+            if row is not None and (row.done or _leased(row, now) or _ended_by_a_copy(row, run)):
                 self._log(key, "refused", 0, owner, now, "commit")
                 raise StaleToken(key, 0, row.token, "commit", recorded=True)
             token = self._next_token()
@@ -260,6 +260,18 @@ class MemoryStore:
         detail: str | None = None,
     ) -> None:
         self._history.append(HistoryEvent(at, event, token, owner, detail, key=key))
+
+
+def _leased(row: Row, now: float) -> bool:
+    return row.expires_at is not None and row.expires_at > now
+
+
+def _ended_by_a_copy(row: Row, run: Mapping[str, Any] | None) -> bool:
+    """A copy of this run's task id ended it FAILURE, and marked the key dead with its run record."""
+    task_id = (run or {}).get("id")
+    if row.dead is None or task_id is None or not row.run:
+        return False
+    return bool((codec.loads(row.run) or {}).get("id") == task_id)
 
 
 class MemoryCommit:

@@ -72,26 +72,33 @@ def test_the_write_commits_with_the_claim_and_a_duplicate_runs_nothing(app: Cele
     assert verify(store.history()) == []
 
 
-def test_a_failed_attempt_leaves_no_write_and_no_key_and_the_next_commits_once(
+def test_a_failed_run_leaves_no_write_and_its_task_id_ends_there_another_task_id_commits_once(
     app: Celery, store: Any
 ) -> None:
+    """A FAILURE marks the key ended for its task id (a copy of it running beside it can no longer claim
+    the key: one ending per task id); the key stays free for another task id."""
     fail = {"after": True}
 
-    @app.task(base=FencedTask, bind=True, shared=False, fence_mode="commit")
+    @app.task(base=FencedTask, bind=True, shared=False, fence_key="order:o-2", fence_mode="commit")
     def ship(self: Any) -> str:
         with self.fence.transaction() as conn:
-            write(conn, "o-2", self.request.id)
+            write(conn, f"o-2-{self.request.id}", self.request.id)
         if fail["after"]:
             raise RuntimeError("the attempt fails after its write")
         return "shipped"
 
     result = ship.apply(task_id="ship-2")
     assert result.failed() and isinstance(result.result, RuntimeError)
-    assert rows(store) == {} and store.get("ship-2") is None and store.history("ship-2") == []
+    state = store.get("order:o-2")
+    assert rows(store) == {} and not state.done and state.dead and "ended FAILURE" in state.dead
     fail["after"] = False
-    assert ship.apply(task_id="ship-2").get() == "shipped"
-    assert rows(store) == {"o-2": "ship-2"}
-    assert [e.event for e in store.history("ship-2")] == ["commit"]
+    assert ship.apply(task_id="ship-2").state == "IGNORED"  # a late copy of the failed task id: no SUCCESS
+    assert rows(store) == {}
+    assert ship.apply(task_id="ship-2b").get() == "shipped"  # another task id: the key is free for it
+    assert rows(store) == {"o-2-ship-2b": "ship-2b"}
+    events = [(e.event, e.detail) for e in store.history("order:o-2")]
+    assert [event for event, _ in events] == ["gave-up", "refused", "commit"], events
+    assert verify(store.history()) == []
 
 
 def test_a_retry_leaves_no_write_and_the_retried_attempt_commits_once(app: Celery, store: Any) -> None:
@@ -198,7 +205,7 @@ def test_steps_are_refused_in_commit_mode(app: Celery, store: Any) -> None:
 
     result = stepped.apply(task_id="stepped")
     assert result.failed() and isinstance(result.result, UsageError)
-    assert "fence_mode='lease'" in str(result.result) and store.get("stepped") is None
+    assert "fence_mode='lease'" in str(result.result) and not store.get("stepped").done
 
 
 @pytest.mark.stores("postgresql")

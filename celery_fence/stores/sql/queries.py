@@ -53,6 +53,7 @@ class _Dialect:
     # Returned by the guard that opens a run's transaction: on PostgreSQL it sets the transaction's idle
     # timeout (:idle_ms) in the same round trip, which a SET LOCAL before it took one of its own.
     idle_timeout: str = ""
+    run_id: str = "json_extract(fence_leases.run, '$.id')"  # the task id in a row's run record
 
     def must_change(self, statement: str, what: str) -> str:
         """``statement`` (whose changed rows are the CTE ``changed``) failing its transaction when it changed
@@ -94,6 +95,7 @@ _POSTGRES = _Dialect(
     probe_where="WHERE (SELECT count(*) FROM probe) >= 0",
     self_logged=f"({SELF_LOGGED})",
     idle_timeout=", set_config('idle_in_transaction_session_timeout', CAST(:idle_ms AS text), true)",
+    run_id="(CAST(fence_leases.run AS json) ->> 'id')",
 )
 _SQLITE = _Dialect(
     now="((julianday('now') - 2440587.5) * 86400.0)",
@@ -173,8 +175,10 @@ def queries_for(dialect_name: str) -> Queries:
         # The same in a run's transaction, sent with its COMMIT: a completion that matches no row fails.
         complete_or_fail=text(d.must_change(complete, "completion")),
         # A fenced commit (fence_mode="commit"): the key done with the result, inside the run's transaction,
-        # unless it is done already or leased. Two copies that reach it at once meet on the key's unique
-        # index (or its row lock): the second waits for the first's transaction, then sees the row it left.
+        # unless it is done already or leased, or a copy of this task id (:task_id) ended it FAILURE (the
+        # row marked dead by that copy's run record). Two copies that reach it at once meet on the key's
+        # unique index (or its row lock): the second waits for the first's transaction, then sees the row
+        # it left.
         claim=text(d.must_change(d.logged(f"""
             INSERT INTO fence_leases
               (key, token, owner, expires_at, done, result, finished_at, run, recoveries, event, detail)
@@ -186,7 +190,8 @@ def queries_for(dialect_name: str) -> Queries:
               result = excluded.result, finished_at = excluded.finished_at, run = excluded.run, dead = NULL,
               recovery_sent = 0, event = 'commit', detail = excluded.detail
             WHERE NOT fence_leases.done
-              AND (fence_leases.expires_at IS NULL OR fence_leases.expires_at <= {d.now})""",
+              AND (fence_leases.expires_at IS NULL OR fence_leases.expires_at <= {d.now})
+              AND NOT COALESCE(fence_leases.dead IS NOT NULL AND {d.run_id} = :task_id, false)""",
             "token"), "claim")),
         # A fenced commit's first statement: the key's state (key NULL: no row) and, on PostgreSQL, the
         # transaction's idle timeout (:idle_ms), set whether the key has a row or not.

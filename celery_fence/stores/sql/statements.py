@@ -125,7 +125,8 @@ class LeaseStatements:
         statement)."""
         result_text = codec.dumps(result, self.max_value_bytes)
         run_text = codec.dumps_mapping(run, self.max_value_bytes)
-        return {"key": lease.key, "owner": lease.owner, "result": result_text, "run": run_text}
+        params = {"key": lease.key, "owner": lease.owner, "result": result_text, "run": run_text}
+        return {**params, "task_id": (run or {}).get("id")}
 
     def claim(self, conn: Connection, lease: Lease, result: Any, run: Mapping[str, Any] | None) -> int:
         """Claim the key on ``conn`` (autocommit: one statement): its new token, or ``StaleToken`` (recorded)
