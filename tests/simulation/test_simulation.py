@@ -93,6 +93,12 @@ def test_commit_mode_programs_without_celery(memory_commit_sim: Simulator, data:
     run_checked(memory_commit_sim, Drawn(data), "memory_commit", bare=True)
 
 
+@short(100)
+@given(data=st.data())
+def test_commit_mode_programs_through_eager_apply(memory_commit_sim: Simulator, data: Any) -> None:
+    run_checked(memory_commit_sim, Drawn(data), "memory_commit", eager=True)
+
+
 @short(60)
 @given(data=st.data())
 def test_commit_mode_programs_on_sqlite(sqlite_commit_sim: Simulator, data: Any) -> None:
