@@ -66,3 +66,11 @@ def sqlite_commit_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simu
     yield sim
     sim.close()
     store.close()
+
+
+@pytest.fixture(scope="module")
+def postgresql_commit_sim(postgres_url: str) -> Iterator[Simulator]:
+    with pg_schema_store(postgres_url) as store:
+        sim = Simulator(store, mode="commit")
+        yield sim
+        sim.close()

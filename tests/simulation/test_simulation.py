@@ -6,8 +6,8 @@ the program and its replay line.
 ``make test`` runs the short form (derandomized: the same programs every run); ``make soak-sim`` (part of
 ``make soak``) the random soak, ``FENCE_SIM_PROGRAMS`` programs on the memory store (default 200,000) through
 the tracer, as many without it (``bare.py``), and a tenth of that on SQLite. ``fence_mode="commit"`` runs as a
-mode of its own (``*_commit_sim``): on the memory store (emulated: its claim, no transaction) and on SQLite;
-its soak runs half the memory programs and a twentieth on SQLite.
+mode of its own (``*_commit_sim``): on the memory store (emulated: its claim, no transaction), SQLite and
+PostgreSQL; its soak runs half the memory programs and a twentieth on SQLite.
 """
 
 from __future__ import annotations
@@ -103,6 +103,13 @@ def test_commit_mode_programs_through_eager_apply(memory_commit_sim: Simulator, 
 @given(data=st.data())
 def test_commit_mode_programs_on_sqlite(sqlite_commit_sim: Simulator, data: Any) -> None:
     run_checked(sqlite_commit_sim, Drawn(data), "sqlite_commit")
+
+
+@short(20)
+@given(data=st.data())
+def test_commit_mode_programs_on_postgresql(postgresql_commit_sim: Simulator, data: Any) -> None:
+    """Where copies run at once: a nested copy's claim may come first, and the outer one's is refused."""
+    run_checked(postgresql_commit_sim, Drawn(data), "postgresql_commit")
 
 
 @pytest.mark.soak

@@ -43,13 +43,15 @@ USER_ENDS = {"raise", "retry-none", "reject", "ignore", "soft_limit", "sysexit"}
 PLAIN_OPS = ("step", "work", "check")
 SQL_OPS = ("tx", "tx_caught", "atomic_step")
 WILD_OPS = ("lose", "expire", "admin_release", "nested", "owner_reuse")
-# fence_mode="commit": no steps (refused by design), no lease to lose or let expire; on a SQL store the run's
-# transaction is open from its start (SQLite: the one write lock), so nothing else writes during its body.
+# fence_mode="commit": no steps (refused by design), no lease to lose or let expire. On SQLite the run's
+# transaction holds the one write lock from its start, so nothing else writes during its body; on
+# PostgreSQL it locks no row before its claim, so a copy may run inside it (nested) and claim first.
 COMMIT_OPS = {
     "plain": ("work", "check"),
     "sql": ("tx", "tx_caught"),
     "wild": ("admin_release", "nested", "owner_reuse"),
-    "sql_wild": (),
+    "sqlite_wild": (),
+    "postgresql_wild": ("nested",),
 }
 ACTIONS = ("end", "deliver", "duplicate", "send_new", "admin_release", "advance", "prune", "recover", "pause",
            "actor_acquire", "outage")
@@ -109,6 +111,7 @@ class World:
         self.strict_failure = getattr(sim, "strict_failure", False)  # N4 counted as a violation (its test)
         self.sql = sim.sql
         self.committing = getattr(sim, "mode", "lease") == "commit"  # fence_mode="commit"
+        self.sql_name = "sqlite" if self.sql and str(sim.sql_store.url).startswith("sqlite") else "postgresql"
         self.queue: list[Message] = []
         self.seen: list[Message] = []
         self.stack: list[Delivery] = []
@@ -301,7 +304,7 @@ class World:
         """What a body may do besides ending: fence calls, SQL writes, and (until settling) wild ones."""
         if not self.committing:
             return PLAIN_OPS + (SQL_OPS if self.sql else ()) + (() if self.calm else WILD_OPS)
-        wild = COMMIT_OPS["sql_wild" if self.sql else "wild"]
+        wild = COMMIT_OPS[f"{self.sql_name}_wild" if self.sql else "wild"]
         return COMMIT_OPS["plain"] + (COMMIT_OPS["sql"] if self.sql else ()) + (() if self.calm else wild)
 
     def _end(self, task: Any, op: str, run: BodyRun, delivery: Delivery) -> Any:
@@ -360,7 +363,9 @@ class World:
         elif op == "admin_release":
             self.admin_release(fence.key)
         elif op == "nested":
-            if self.sql and fence.joined:  # SQLite: one write lock, held by this run's transaction
+            # SQLite: one write lock, held by this run's transaction; PostgreSQL: the lease row it locks (a
+            # fenced commit locks none before its claim)
+            if self.sql and fence.joined and (self.sql_name == "sqlite" or not self.committing):
                 return
             self.nested()
         elif op == "owner_reuse":  # another client acquires this key with the run's owner string
