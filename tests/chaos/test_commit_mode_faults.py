@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.fenced_app import CHAOS_COMMIT
+from tests.integration.commit_app import chaos_commit
 from tests.integration.workers import marks, wait_for
 from tests.integration.world import Cluster
 
@@ -24,13 +24,12 @@ from .sending import BATCH, batches, every_store
 
 pytestmark = pytest.mark.chaos
 
-COMMIT = {"FENCE_IT_COMMIT": "1"}  # the worker registers the fence_mode="commit" task
+APP = "tests.integration.commit_app"  # a worker of fenced_app's app with the fence_mode="commit" tasks
 EFFECTS = "fence_it_effects"
 
 
 def _send(cluster: Cluster, task_id: str, pause: float = 0.0) -> Any:
-    return cluster.app.send_task(CHAOS_COMMIT, (task_id,), {"pause": pause}, task_id=task_id,
-                                 queue=cluster.queue)
+    return chaos_commit.apply_async((task_id,), {"pause": pause}, task_id=task_id, queue=cluster.queue)
 
 
 def _one_writer(cluster: Cluster) -> bool:
@@ -45,7 +44,7 @@ def test_commit_mode_runs_killed_mid_body_run_again_and_commit_once(
 ) -> None:
     """SIGKILL each run's pool process in its body: its transaction rolls back with the connection, the
     broker redelivers the message (acks_late, reject_on_worker_lost), and the run commits once."""
-    worker = cluster.worker("a", concurrency=BATCH, env=COMMIT)
+    worker = cluster.worker("a", concurrency=BATCH, app_path=APP)
     keys: list[str] = []
     # SQLite: one run at a time (a run stopped in its body holds the write lock), and half as many
     for size in batches(RUNS) if not _one_writer(cluster) else [1] * max(1, RUNS // 2):
@@ -73,8 +72,8 @@ def test_commit_mode_copies_delivered_at_once_commit_once(
 ) -> None:
     """Every run delivered five times at once, over two workers: on PostgreSQL the copies run their bodies
     together and one claim commits (the others roll back, refused); on SQLite they queue at the read."""
-    cluster.worker("a", concurrency=BATCH, env=COMMIT)
-    cluster.worker("b", concurrency=BATCH, env=COMMIT)
+    cluster.worker("a", concurrency=BATCH, app_path=APP)
+    cluster.worker("b", concurrency=BATCH, app_path=APP)
     keys = [str(uuid.uuid4()) for _ in range(RUNS)]
     for task_id in keys:
         for _ in range(5):
@@ -102,8 +101,8 @@ def test_commit_mode_store_calls_of_unknown_outcome_commit_once(
     """Store calls that fail before acting or act and lose their reply: every caller gets SUCCESS with its
     result, and each key has one effect row and one commit."""
     log = cluster.workdir / "faults.log"
-    env = {**COMMIT, "CELERY_FENCE_STORE_FAULTS": INDETERMINATE, "CELERY_FENCE_STORE_FAULTS_LOG": str(log)}
-    cluster.worker("a", concurrency=BATCH, env=env)
+    env = {"CELERY_FENCE_STORE_FAULTS": INDETERMINATE, "CELERY_FENCE_STORE_FAULTS_LOG": str(log)}
+    cluster.worker("a", concurrency=BATCH, app_path=APP, env=env)
     keys: list[str] = []
     for size in batches(RUNS):
         ids = [str(uuid.uuid4()) for _ in range(size)]

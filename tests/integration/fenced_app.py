@@ -232,24 +232,6 @@ def chaos_joined(self: Any, item: Any) -> dict[str, Any]:
     return {**prepared, "token": fence.token}
 
 
-CHAOS_COMMIT = "tests.integration.fenced_app.chaos_commit"
-if env("FENCE_IT_COMMIT"):  # a fence_mode="commit" task stops a worker on Redis or etcd: only where asked
-
-    @app.task(base=FencedTask, bind=True, name=CHAOS_COMMIT, fence_mode="commit")
-    def chaos_commit(self: Any, item: Any, pause: float = 0.0) -> dict[str, Any]:
-        """The chaos suite's fenced commit: one effect row (``fence_it_effects``: no unique key, so a
-        doubled commit shows as two rows) that commits with the claim. The first run of an id sleeps
-        ``pause`` s in its body, its transaction open; a redelivered copy runs at once."""
-        first_run = not any(MARKS.glob(f"{self.request.id}.*.started"))
-        mark(self, "started")
-        if first_run:
-            time.sleep(pause)
-        with self.fence.transaction() as conn:
-            conn.execute(INSERT, {"k": self.fence.key, "t": 0, "id": self.request.id, "pid": os.getpid()})
-        mark(self, "wrote")
-        return {"item": item, "pid": os.getpid()}
-
-
 # For the Canvas tests: a plain task, no fence, that records every run it gets, so a chain step or a
 # chord body dispatched twice shows as two files. ``label`` names the canvas; ``value`` is what it was given
 # (the previous step's result, or the chord's list of part results).
