@@ -5,7 +5,8 @@ Every store call has three results and a client cannot tell the last two apart (
 ``IndeterminateStore`` makes each of them happen at a chosen call of a run (and ``INTERRUPTED``: the store
 acted, then a time limit hit the caller before the reply came back), so a test can enumerate every
 call position x outcome and check that each leaves one effect per key and no lost work. A run's
-transaction (``begin_run``) is wrapped too: its ``commit`` is a call like the others.
+transaction (``begin_run``, and a fenced commit's ``begin_commit``) is wrapped too: its ``commit`` is a call
+like the others; a fenced commit's claim on its own is ``claim``.
 
 In a worker the kit starts (:class:`~celery_fence.testing.Worker`, which then loads :mod:`._in_worker`) it is
 switched on by the environment variable ``CELERY_FENCE_STORE_FAULTS``: a JSON list
@@ -46,7 +47,10 @@ CALLS = (
     "get",
     "begin_run",
     "strand",
+    "begin_commit",
+    "claim",
 )
+_OPENING = ("begin_run", "begin_commit")  # a run's transaction, whose commit is a faultable call
 
 
 class Outcome(str, enum.Enum):
@@ -110,7 +114,7 @@ class IndeterminateStore:
         outcome = self._due(name, _key_of(args))
         if outcome is None:
             result = fn(*args, **kwargs)
-            return _Transaction(self, result) if name == "begin_run" else result
+            return _Transaction(self, result) if name in _OPENING else result
         if outcome is Outcome.BEFORE:
             raise StoreUnavailable(f"injected: {name} failed before the store acted")
         if outcome is Outcome.LATE and self.expire is not None and args:
@@ -120,7 +124,7 @@ class IndeterminateStore:
         except FenceError:
             pass  # the store's answer (held, stale, ...) is lost all the same
         else:
-            if name == "begin_run":  # the session died with its reply: its transaction rolled back
+            if name in _OPENING:  # the session died with its reply: its transaction rolled back
                 result.close()
         raise _lost(name, outcome)
 
@@ -175,7 +179,8 @@ class _Transaction:
         if outcome is Outcome.BEFORE:
             self._tx.close()  # nothing reached the server; the session ends, rolling back
             raise StoreUnavailable("injected: commit failed before the store acted")
-        self._tx.complete(result)  # the row is locked by this transaction: LATE is the same as LOST
+        self._tx.complete(result)  # the row is locked by this transaction (a fenced commit: it claims the
+        # key, and a copy that claimed first refuses it): LATE is the same as LOST
         raise _lost("commit", outcome)
 
 

@@ -1,4 +1,5 @@
-"""``fenced_app``'s app with a ``fence_mode="commit"`` task, for tests/integration/test_commit_mode_worker.py.
+"""``fenced_app``'s app with ``fence_mode="commit"`` tasks, for tests/integration/test_commit_mode_worker.py
+and the chaos cases of the mode (tests/chaos/test_commit_mode_faults.py).
 
 A module of its own: a worker refuses to start when a commit-mode task is registered on a store that cannot
 fence a commit (Redis, etcd), and ``fenced_app``'s workers run on every store. Only a worker started with
@@ -8,13 +9,14 @@ fence a commit (Redis, etcd), and ``fenced_app``'s workers run on every store. O
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from celery_fence import FencedTask
 
-from .fenced_app import INSERT, app, mark
+from .fenced_app import INSERT, MARKS, app, mark
 
-__all__ = ["app", "commit_write", "commit_write_unrejected"]
+__all__ = ["app", "chaos_commit", "commit_write", "commit_write_unrejected"]
 COMMIT = {"base": FencedTask, "bind": True, "fence_key": "commit:{item}", "fence_mode": "commit"}
 
 
@@ -41,3 +43,18 @@ def commit_write(self: Any, item: str) -> dict[str, Any]:
 def commit_write_unrejected(self: Any, item: str) -> dict[str, Any]:
     """Without ``reject_on_worker_lost``: Celery's default decides what becomes of a lost run's message."""
     return _write(self, item)
+
+
+@app.task(name="commit_app.chaos_commit", base=FencedTask, bind=True, fence_mode="commit")
+def chaos_commit(self: Any, item: Any, pause: float = 0.0) -> dict[str, Any]:
+    """The chaos cases' fenced commit, keyed by its task id: one ``fence_it_effects`` row (no unique key,
+    so a doubled commit shows as two rows) that commits with the claim. The first run of an id sleeps
+    ``pause`` s in its body, its transaction open; a copy delivered again runs at once."""
+    first_run = not any(MARKS.glob(f"{self.request.id}.*.started"))
+    mark(self, "started")
+    if first_run:
+        time.sleep(pause)
+    with self.fence.transaction() as conn:
+        conn.execute(INSERT, {"k": self.fence.key, "t": 0, "id": self.request.id, "pid": os.getpid()})
+    mark(self, "wrote")
+    return {"item": item, "pid": os.getpid()}

@@ -264,3 +264,43 @@ def test_a_claim_whose_reply_is_lost_is_read_back_by_its_owner(
         assert result.failed() and isinstance(result.result, StoreUnavailable), result.result
         assert "may have committed" in str(result.result)
         assert rows(store) == {} and store.get("ship-7") is None
+
+
+@pytest.mark.stores("postgresql")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: a failing copy cannot see a running one")
+def test_a_copy_that_fails_while_another_copy_of_its_task_id_runs_does_not_end_it_twice(
+    app: Celery, store: Any
+) -> None:
+    """Two deliveries of one task id run at once (a broker's redelivery while the first still runs). The
+    one whose body raises finds no row for the key (the other has not claimed yet) and ends FAILURE; the
+    other then claims the key and ends SUCCESS: the task id ends both ways (the result backend and the
+    canvas: errback, then link). In lease mode the second delivery finds its task id's lease and waits.
+    The simulation's program of it: tests/simulation/findings.py, COMMIT_FINDINGS."""
+    both_in_body = threading.Barrier(2, timeout=30)
+    failed = threading.Event()
+
+    @app.task(base=FencedTask, bind=True, shared=False, fence_key="order:{order}", fence_mode="commit")
+    def ship(self: Any, order: str, fail: bool) -> str:
+        with self.fence.transaction() as conn:
+            write(conn, f"{order}-{fail}", self.request.id)
+        both_in_body.wait()
+        if fail:
+            raise RuntimeError("this copy fails")
+        failed.wait(30)  # the failing copy has ended: then this one claims
+        return "shipped"
+
+    results: dict[bool, Any] = {}
+
+    def copy(fail: bool) -> None:
+        results[fail] = ship.apply(("o-8", fail), task_id="same-task-id")
+        if fail:
+            failed.set()
+
+    threads = [threading.Thread(target=copy, args=(fail,)) for fail in (True, False)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert store.get("order:o-8").done and rows(store) == {"o-8-False": "same-task-id"}
+    ended = (results[True].state, results[False].state)
+    assert ended != ("FAILURE", "SUCCESS"), "the task id ended FAILURE and SUCCESS"

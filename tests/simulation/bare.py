@@ -55,8 +55,9 @@ class BareTask:
     def signature_from_request(self, request: Any, countdown: float, retries: int) -> _Copy:
         """As ``FencedTask.signature_from_request``: the lineage headers and the hand-off token."""
         headers = _delivery.lineage({k: v for k, v in self.message.headers.items() if k.startswith("fence_")})
-        if request._fence is not None:
-            headers[_delivery.HANDOFF] = request._fence.token
+        fence = request._fence  # fence_mode="commit" holds no lease to hand to the copy
+        if fence is not None and getattr(fence, "commit_mode", None) is None:
+            headers[_delivery.HANDOFF] = fence.token
         return _Copy(self, countdown, retries, headers)
 
 

@@ -21,7 +21,7 @@ from sqlalchemy import text
 
 from celery_fence.verify import verify_store
 
-from .world import USER_ENDS, World
+from .world import COMPLETIONS, USER_ENDS, World
 
 __all__ = ["check"]
 
@@ -39,15 +39,20 @@ def _key(world: World, key: str) -> list[str]:
     rec, state = world.rec, world.pruned.get(key) or world.raw.get(key)
     done, dead = bool(state and state.done), bool(state and state.dead)
     problems = []
-    completes = [e for e in world.raw.history(key) if e.event == "complete" and key not in world.pruned]
+    completes = [e for e in world.raw.history(key) if e.event in COMPLETIONS and key not in world.pruned]
     if len(completes) > 1:
         problems.append(f"{key}: completed {len(completes)} times")
     if state is not None and not done and not dead and state.expires_in is not None:
         problems.append(f"{key}: a lease (token {state.token}) is left after settling: nobody recovers it")
     # The completion's token: an admin release of a done key moves its token on (still done, nobody fenced).
     done_by = completes[0].token if completes else world.done_by.get(key, state.token if state else None)
-    committed_by = rec.token_task.get(done_by) if done and done_by else None
-    problems += _effects(world, key, done_by if done else None)
+    if world.committing:  # a fenced commit's run has token 0 in its body: its owner names it
+        owner = completes[0].owner if completes else world.done_owner.get(key, state.owner if state else None)
+        committed_by = rec.owner_task.get(owner) if done and owner else None
+        problems += _commit_effects(world, key, owner if done else None)
+    else:
+        committed_by = rec.token_task.get(done_by) if done and done_by else None
+        problems += _effects(world, key, done_by if done else None)
     for task_id in [t for t, k in rec.tasks.items() if k == key]:
         problems += _task(world, task_id, state, committed_by)
     return problems
@@ -72,6 +77,22 @@ def _effects(world: World, key: str, token: int | None) -> list[str]:
         return [f"{key}: not done, yet the writes of tokens {tokens} committed"]
     if token is not None and tokens != [token] * writes:
         return [f"{key}: done by token {token} with {writes} writes, yet the effects are by tokens {tokens}"]
+    return []
+
+
+def _commit_effects(world: World, key: str, owner: str | None) -> list[str]:
+    """A fenced commit's writes (``sim_effects.task`` holds the writing run's owner): the committing run's,
+    every one it made, and nobody else's. The memory store only emulates the mode: it has none to check."""
+    if not world.sql:
+        return []
+    with world.raw.engine.connect() as conn:
+        rows = conn.execute(text("SELECT task FROM sim_effects WHERE key = :k"), {"k": key}).all()
+    owners = sorted(str(row[0]) for row in rows)
+    writes = sum(r.writes for runs in world.rec.bodies.values() for r in runs if owner and r.owner == owner)
+    if owner is None and owners:
+        return [f"{key}: not done, yet the writes of runs {owners} committed"]
+    if owner is not None and owners != [owner] * writes:
+        return [f"{key}: claimed by run {owner} with {writes} writes, yet the effects are by runs {owners}"]
     return []
 
 

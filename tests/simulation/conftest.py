@@ -1,5 +1,6 @@
 """Simulators for the simulation tests: the memory store (new per program), SQLite (a file in a temp dir)
-and PostgreSQL (a schema of its own on the ``postgres_url`` database)."""
+and PostgreSQL (a schema of its own on the ``postgres_url`` database); ``*_commit_sim``: the same with
+``fence_mode="commit"`` (memory: emulated)."""
 
 from __future__ import annotations
 
@@ -47,5 +48,29 @@ def sqlite_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulator]:
 def postgresql_sim(postgres_url: str) -> Iterator[Simulator]:
     with pg_schema_store(postgres_url) as store:
         sim = Simulator(store)
+        yield sim
+        sim.close()
+
+
+@pytest.fixture(scope="module")
+def memory_commit_sim() -> Iterator[Simulator]:
+    sim = Simulator(mode="commit")
+    yield sim
+    sim.close()
+
+
+@pytest.fixture(scope="module")
+def sqlite_commit_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulator]:
+    store = open_store(f"sqlite:///{tmp_path_factory.mktemp('sim') / 'fence.db'}")
+    sim = Simulator(store, mode="commit")
+    yield sim
+    sim.close()
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def postgresql_commit_sim(postgres_url: str) -> Iterator[Simulator]:
+    with pg_schema_store(postgres_url) as store:
+        sim = Simulator(store, mode="commit")
         yield sim
         sim.close()

@@ -20,11 +20,13 @@ from celery_fence.errors import FenceError, StoreUnavailable
 __all__ = ["CALLS", "SimStore", "WorkerDied"]
 
 CALLS = (
-    "acquire", "renew", "complete", "release", "save_step", "steps", "refuse", "get", "begin_run", "strand"
+    "acquire", "renew", "complete", "release", "save_step", "steps", "refuse", "get", "begin_run", "strand",
+    "begin_commit", "claim",
 )
+_OPENING = ("begin_run", "begin_commit")  # a run's transaction: its commit is a call like the others
 ALL = ("ok", "before", "lost", "late", "hang", "die", "base")
 _NO_DEATH = ("ok", "before", "lost", "late", "hang")  # the renewer's thread: its process does not die here
-_COMPLETING = ("complete", "commit")
+_COMPLETING = ("complete", "commit", "claim")  # fence_mode="commit": its claim alone
 
 
 class WorkerDied(BaseException):
@@ -57,7 +59,7 @@ class SimStore:
         outcome = self.faults.outcome(name, _key_of(args), options)
         if outcome == "ok":
             result = fn(*args, **kwargs)
-            if name != "begin_run":
+            if name not in _OPENING:
                 return result
             self.faults.transactions.append(result)
             return _Transaction(self, result)
@@ -74,7 +76,7 @@ class SimStore:
             result = act()
         except FenceError:
             result = None  # the store's answer (held, stale, ...) is lost all the same
-        if name == "begin_run" and result is not None:
+        if name in _OPENING and result is not None:
             result.close()  # the session died with its reply: its transaction rolled back
         if outcome == "base":
             raise SoftTimeLimitExceeded(f"sim: time limit while the reply of {name} was in flight")

@@ -88,8 +88,11 @@ class SimTask(FencedTask):  # type: ignore[misc]
 
 
 class Simulator:
-    def __init__(self, sql_store: Any = None) -> None:
+    def __init__(self, sql_store: Any = None, mode: str = "lease") -> None:
+        """``mode``: ``fence_mode`` (the app's): ``"lease"``, or ``"commit"`` (a fenced commit: no lease,
+        the key claimed by the run's completion; emulated on the memory store)."""
         self.clock = FakeClock()
+        self.mode = mode
         self.sql_store = sql_store
         self.sql = sql_store is not None
         self.world: World | None = None
@@ -98,7 +101,7 @@ class Simulator:
         self.app = app = Celery("sim", broker="memory://", backend="cache+memory://", set_as_current=False)
         app.conf.update(
             fence_store_url="memory://", fence_lease_ttl=TTL, fence_renew_interval=INTERVAL,
-            task_acks_late=True, fence_store_wait=STORE_WAIT, fence_max_recoveries=2,
+            task_acks_late=True, fence_store_wait=STORE_WAIT, fence_max_recoveries=2, fence_mode=mode,
         )
         self._define_tasks(app)
         self.runtime = runtime_for(app)

@@ -5,7 +5,9 @@ the program and its replay line.
 
 ``make test`` runs the short form (derandomized: the same programs every run); ``make soak-sim`` (part of
 ``make soak``) the random soak, ``FENCE_SIM_PROGRAMS`` programs on the memory store (default 200,000) through
-the tracer, as many without it (``bare.py``), and a tenth of that on SQLite.
+the tracer, as many without it (``bare.py``), and a tenth of that on SQLite. ``fence_mode="commit"`` runs as a
+mode of its own (``*_commit_sim``): on the memory store (emulated: its claim, no transaction), SQLite and
+PostgreSQL; its soak runs half the memory programs and a twentieth on SQLite.
 """
 
 from __future__ import annotations
@@ -75,6 +77,41 @@ def test_programs_on_postgresql(postgresql_sim: Simulator, data: Any) -> None:
     run_checked(postgresql_sim, Drawn(data), "postgresql")
 
 
+# fence_mode="commit": no lease, the key claimed by the run's completion (docs/commit-mode.md). The memory
+# store emulates it (an atomic claim, no transaction: its writes are not checked); SQLite fences the writes.
+
+
+@short(300)
+@given(data=st.data())
+def test_commit_mode_programs_on_the_memory_store(memory_commit_sim: Simulator, data: Any) -> None:
+    run_checked(memory_commit_sim, Drawn(data), "memory_commit")
+
+
+@short(300)
+@given(data=st.data())
+def test_commit_mode_programs_without_celery(memory_commit_sim: Simulator, data: Any) -> None:
+    run_checked(memory_commit_sim, Drawn(data), "memory_commit", bare=True)
+
+
+@short(100)
+@given(data=st.data())
+def test_commit_mode_programs_through_eager_apply(memory_commit_sim: Simulator, data: Any) -> None:
+    run_checked(memory_commit_sim, Drawn(data), "memory_commit", eager=True)
+
+
+@short(60)
+@given(data=st.data())
+def test_commit_mode_programs_on_sqlite(sqlite_commit_sim: Simulator, data: Any) -> None:
+    run_checked(sqlite_commit_sim, Drawn(data), "sqlite_commit")
+
+
+@short(20)
+@given(data=st.data())
+def test_commit_mode_programs_on_postgresql(postgresql_commit_sim: Simulator, data: Any) -> None:
+    """Where copies run at once: a nested copy's claim may come first, and the outer one's is refused."""
+    run_checked(postgresql_commit_sim, Drawn(data), "postgresql_commit")
+
+
 @pytest.mark.soak
 @soak(SOAK)
 @given(data=st.data())
@@ -94,3 +131,17 @@ def test_soak_without_celery(memory_sim: Simulator, data: Any) -> None:
 @given(data=st.data())
 def test_soak_on_sqlite(sqlite_sim: Simulator, data: Any) -> None:
     run_checked(sqlite_sim, Drawn(data), "sqlite")
+
+
+@pytest.mark.soak
+@soak(SOAK // 2)
+@given(data=st.data())
+def test_soak_commit_mode_on_the_memory_store(memory_commit_sim: Simulator, data: Any) -> None:
+    run_checked(memory_commit_sim, Drawn(data), "memory_commit")
+
+
+@pytest.mark.soak
+@soak(max(1, SOAK // 20))
+@given(data=st.data())
+def test_soak_commit_mode_on_sqlite(sqlite_commit_sim: Simulator, data: Any) -> None:
+    run_checked(sqlite_commit_sim, Drawn(data), "sqlite_commit")

@@ -26,7 +26,7 @@ from .broker import Message
 from .chooser import Chooser
 from .faults import WorkerDied
 
-__all__ = ["TTL", "World"]
+__all__ = ["COMPLETIONS", "TTL", "World"]
 
 # Long enough that the milliseconds of real time a program takes never decide an expiry on a SQL store
 # (their clock is real time, moved back by the simulation's: ``Simulator.move``).
@@ -43,6 +43,16 @@ USER_ENDS = {"raise", "retry-none", "reject", "ignore", "soft_limit", "sysexit"}
 PLAIN_OPS = ("step", "work", "check")
 SQL_OPS = ("tx", "tx_caught", "atomic_step")
 WILD_OPS = ("lose", "expire", "admin_release", "nested", "owner_reuse")
+# fence_mode="commit": no steps (refused by design), no lease to lose or let expire. On SQLite the run's
+# transaction holds the one write lock from its start, so nothing else writes during its body; on
+# PostgreSQL it locks no row before its claim, so a copy may run inside it (nested) and claim first.
+COMMIT_OPS = {
+    "plain": ("work", "check"),
+    "sql": ("tx", "tx_caught"),
+    "wild": ("admin_release", "nested", "owner_reuse"),
+    "sqlite_wild": (),
+    "postgresql_wild": ("nested",),
+}
 ACTIONS = ("end", "deliver", "duplicate", "send_new", "admin_release", "advance", "prune", "recover", "pause",
            "actor_acquire", "outage")
 ACTION_WEIGHTS = (2, 8, 2, 2, 1, 1, 1, 1, 1, 1, 2)
@@ -52,6 +62,7 @@ ORIGINS = {  # who sent the message that ran a body again after its FAILURE
     "twice": "a message sent before the FAILURE: the broker delivered it twice",
     "copy": "a copy the fence sent before the FAILURE (its fence_* headers)",
 }
+COMPLETIONS = ("complete", "commit")  # the history events of a completion: lease mode's, a fenced commit's
 OP_WEIGHTS = {"return": 6, "step": 3, "tx": 3, "tx_caught": 2, "nested": 2}  # 1 for the others
 
 
@@ -71,6 +82,7 @@ class BodyRun:
     retries: int
     end: str = ""
     writes: int = 0
+    owner: str = ""  # fence_mode="commit": its token is 0 until the claim; the owner names the run
 
 
 @dataclass
@@ -80,6 +92,7 @@ class Record:
     tasks: dict[str, str] = field(default_factory=dict)  # task id -> key
     bodies: dict[str, list[BodyRun]] = field(default_factory=dict)
     token_task: dict[int, str] = field(default_factory=dict)
+    owner_task: dict[str, str] = field(default_factory=dict)  # a run's owner -> its task id
     links: Counter[str] = field(default_factory=Counter)  # parent task id -> link callbacks sent
     errbacks: Counter[str] = field(default_factory=Counter)
     acquired: list[tuple[str, int, str]] = field(default_factory=list)  # (key, token, by) answered
@@ -97,6 +110,8 @@ class World:
         self.bare = False  # run through bare.BareWorker (Run and a fake host) instead of Celery's tracer
         self.strict_failure = getattr(sim, "strict_failure", False)  # N4 counted as a violation (its test)
         self.sql = sim.sql
+        self.committing = getattr(sim, "mode", "lease") == "commit"  # fence_mode="commit"
+        self.sql_name = "sqlite" if self.sql and str(sim.sql_store.url).startswith("sqlite") else "postgresql"
         self.queue: list[Message] = []
         self.seen: list[Message] = []
         self.stack: list[Delivery] = []
@@ -107,6 +122,7 @@ class World:
         self.keys: list[int] = []
         self.pruned: dict[str, Any] = {}  # key -> its state before it was pruned
         self.done_by: dict[str, int] = {}  # pruned key -> the token of its completion
+        self.done_owner: dict[str, str | None] = {}  # pruned key -> the owner of its completion
         self.rec = Record()
         self._ids = 0
 
@@ -267,11 +283,13 @@ class World:
                 self.rec.limited.add(task_id)
             else:
                 self.violation(f"{task_id} ran its body again after its FAILURE was stored ({how})")
-        self.rec.token_task[fence.token] = task_id
-        run = BodyRun(task_id, fence.token, task.request.retries or 0)
+        run = BodyRun(task_id, fence.token, task.request.retries or 0, owner=fence.lease.owner)
         self.rec.bodies.setdefault(task_id, []).append(run)
-        self.rec.acquired.append((fence.key, fence.token, f"the run of {task_id}"))
-        ops = ENDS + PLAIN_OPS + (SQL_OPS if self.sql else ()) + (() if self.calm else WILD_OPS)
+        self.rec.owner_task[run.owner] = task_id
+        if not self.committing:  # a fenced commit has token 0 until its claim: no acquire answered one
+            self.rec.token_task[fence.token] = task_id
+            self.rec.acquired.append((fence.key, fence.token, f"the run of {task_id}"))
+        ops = ENDS + self._ops()
         if self.calm:
             ops = tuple(op for op in ops if op not in ("soft_limit", "sysexit", "late_base"))
         for i in range(MAX_OPS):
@@ -281,6 +299,13 @@ class World:
                 return self._end(task, op, run, delivery)
             self._op(task, op, run, i, delivery)
         return self._end(task, "return", run, delivery)
+
+    def _ops(self) -> tuple[str, ...]:
+        """What a body may do besides ending: fence calls, SQL writes, and (until settling) wild ones."""
+        if not self.committing:
+            return PLAIN_OPS + (SQL_OPS if self.sql else ()) + (() if self.calm else WILD_OPS)
+        wild = COMMIT_OPS[f"{self.sql_name}_wild" if self.sql else "wild"]
+        return COMMIT_OPS["plain"] + (COMMIT_OPS["sql"] if self.sql else ()) + (() if self.calm else wild)
 
     def _end(self, task: Any, op: str, run: BodyRun, delivery: Delivery) -> Any:
         run.end = op
@@ -312,10 +337,11 @@ class World:
             self.advance(INTERVAL)
         elif op == "check":
             fence.check()
-        elif op == "tx":
+        elif op == "tx":  # a fenced commit's writes are told apart by the run's owner (its token is 0)
+            by = run.owner if self.committing else run.task_id
             with fence.transaction() as conn:
                 conn.execute(text("INSERT INTO sim_effects VALUES (:k, :t, :id)"),
-                             {"k": fence.key, "t": fence.token, "id": run.task_id})
+                             {"k": fence.key, "t": fence.token, "id": by})
             run.writes += 1
         elif op == "atomic_step":  # its write commits with its step record, once per key
             fence.atomic_step(f"a{i}", self._atomic_fn(fence, f"a{i}"))
@@ -337,7 +363,9 @@ class World:
         elif op == "admin_release":
             self.admin_release(fence.key)
         elif op == "nested":
-            if self.sql and fence.joined:  # SQLite: one write lock, held by this run's transaction
+            # SQLite: one write lock, held by this run's transaction; PostgreSQL: the lease row it locks (a
+            # fenced commit locks none before its claim)
+            if self.sql and fence.joined and (self.sql_name == "sqlite" or not self.committing):
                 return
             self.nested()
         elif op == "owner_reuse":  # another client acquires this key with the run's owner string
@@ -459,8 +487,9 @@ class World:
             state = self.raw.get(self.key_of(n))
             if state is not None and state.done:
                 self.pruned[self.key_of(n)] = state
-                completes = [e.token for e in self.raw.history(self.key_of(n)) if e.event == "complete"]
-                self.done_by[self.key_of(n)] = completes[0] if completes else state.token
+                completes = [e for e in self.raw.history(self.key_of(n)) if e.event in COMPLETIONS]
+                self.done_by[self.key_of(n)] = completes[0].token if completes else state.token
+                self.done_owner[self.key_of(n)] = completes[0].owner if completes else state.owner
         self.say(f"admin: celery fence prune -> {self.raw.prune(0.0)} (keys {sorted(self.pruned)})")
 
     def actor_acquire(self, key: str = "", owner: str = "") -> None:

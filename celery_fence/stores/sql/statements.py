@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Row
 from ... import codec
 from ...errors import AlreadyDone, LeaseHeld, StaleToken
 from ...lease import Lease, LeaseState
-from .driver import Connections, compiled, in_one_round_trip
+from .driver import Connections, compiled, in_one_round_trip, translate_errors
 from .errors import Unchanged, safe_url
 
 __all__ = ["LeaseStatements", "lease_state", "renew_params"]
@@ -131,8 +131,10 @@ class LeaseStatements:
     def claim(self, conn: Connection, lease: Lease, result: Any, run: Mapping[str, Any] | None) -> int:
         """Claim the key on ``conn`` (autocommit: one statement): its new token, or ``StaleToken`` (recorded)
         when the key is done or leased."""
+        params = self.claim_params(lease, result, run)
         try:
-            row = conn.execute(self.queries.claim, self.claim_params(lease, result, run)).first()
+            with translate_errors(self.url):  # PostgreSQL's refusal is an error (FE002): Unchanged
+                row = conn.execute(self.queries.claim, params).first()
         except Unchanged:
             row = None
         if row is None:

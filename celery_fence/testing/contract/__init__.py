@@ -8,9 +8,10 @@ your store (in your ``conftest.py``), and import the suite into a test module of
 
 That module then holds every test of the suite; the plugin's ``fence_contract_*`` fixtures open your store
 for each. The tests come by role (``celery_fence.stores.base``): ``run_role`` (what a run needs, which
-every store must pass), ``audit_role``, ``admin_role``, ``recovery_role``, ``strand``, ``prune_marker``,
-``tokens`` and the bad-input modules. A test of a role your store does not have is skipped, saying which.
-To take the tests of one module only, import that module's tests instead
+every store must pass), ``audit_role``, ``admin_role``, ``recovery_role``, ``commit_role``
+(``fence_mode="commit"``: skipped on a store declaring ``fenced_commit="no"``), ``strand``,
+``prune_marker``, ``tokens`` and the bad-input modules. A test of a role your store does not have is
+skipped, saying which. To take the tests of one module only, import that module's tests instead
 (``from celery_fence.testing.contract.run_role import *``). See docs/stores.md.
 """
 
@@ -21,6 +22,7 @@ from . import (
     audit_role,
     bad_input,
     bad_input_sweep,
+    commit_role,
     odd_input,
     prune_marker,
     recovery_role,
@@ -34,6 +36,7 @@ MODULES = (
     audit_role,
     admin_role,
     recovery_role,
+    commit_role,
     strand,
     prune_marker,
     tokens,
