@@ -23,7 +23,10 @@ from typing import Any
 
 from .lease import LeaseState
 
-__all__ = ["Action", "Event", "Facts", "View", "asks_backend", "decide", "holder_of", "view_of"]
+__all__ = ["ENDED_BY", "Action", "Event", "Facts", "View", "asks_backend", "decide", "holder_of", "view_of"]
+
+# In the run record of a key that a run of fence_mode="commit" marked ended (its FAILURE): that run's owner.
+ENDED_BY = "fence_ended_by"
 
 
 class Event(enum.Enum):
@@ -254,7 +257,7 @@ def view_of(
     """
     if state is None:
         return View.GONE
-    if (state.owner == claimant) if claimant is not None else (state.token == token):
+    if _is_mine(state, token, claimant):
         return _mine(state)
     if handoff is not None and state.token == handoff and not state.done and state.expires_in is not None:
         return View.HANDED_OFF
@@ -264,6 +267,13 @@ def view_of(
     if state.expires_in is None:
         return View.FREE
     return View.SAME_TASK if same else View.OTHER_TASK
+
+
+def _is_mine(state: LeaseState, token: int, claimant: str | None) -> bool:
+    if claimant is None:
+        return state.token == token
+    # A fenced commit's run: its claim names it as the owner, its FAILURE's mark in the run record.
+    return state.owner == claimant or (state.run or {}).get(ENDED_BY) == claimant
 
 
 def _mine(state: LeaseState) -> View:

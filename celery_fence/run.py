@@ -23,7 +23,7 @@ from typing import Any, Protocol, cast
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
 
 from . import _failpoints
-from ._decide import Action, Event, Facts, View, asks_backend, decide, holder_of, view_of
+from ._decide import ENDED_BY, Action, Event, Facts, View, asks_backend, decide, holder_of, view_of
 from ._delivery import ENDED_STATES, FAILED_STATES, Attempt, Ending, run_name
 from ._owed import Released
 from ._resends import Resends
@@ -214,7 +214,9 @@ class Run:
         (a copy's committed claim makes this run's ending that copy's)."""
         fence.abort()  # first: on SQLite this run's transaction holds the write lock that the mark needs
         reason = f"{self.name} ended FAILURE ({type(exc).__name__})"
-        return bool(quietly(self.store.strand, self.key, self.run_info, reason))
+        # The mark names this run, so a read after a mark whose reply was lost knows it for its own.
+        marked = {**(self.run_info or {}), ENDED_BY: self.claimant}
+        return bool(quietly(self.store.strand, self.key, marked, reason))
 
     def _hooks(self, fence: Fence) -> tuple[OnLost, OnRenewed]:
         def on_lost(lost: Lease, reason: str) -> None:  # the renewer's thread

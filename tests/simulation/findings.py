@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["COMMIT_FINDINGS", "FINDINGS"]
+__all__ = ["FINDINGS"]
 
 
 def _queued(option: Any) -> bool:
@@ -132,15 +132,10 @@ FINDINGS: dict[str, tuple[str, list[tuple[str, Any]]]] = {
          ("body op", "nested"), ("nested delivery", _nth_queued(1)),
          ("body op", "return"), ("body op", "return"), ("body op", "return"), END],
     ),
-}
-
-# What the simulation finds in fence_mode="commit" (programs on the commit-mode simulators, <store>_commit).
-# Open: test_findings.py expects each to still break its invariant (strict xfail) until it is fixed.
-COMMIT_FINDINGS: dict[str, tuple[str, list[tuple[str, Any]]]] = {
-    # Two copies of one task id run at once (a broker's redelivery while the first still runs): with no
-    # lease, the copy whose body raises reads the key, finds no row (the other has not claimed yet), and
-    # ends FAILURE (its errback); the other then claims the key and ends SUCCESS (its link). Lease mode:
-    # the second copy finds the key held by its own task id and waits (the same program runs clean).
+    # fence_mode="commit" (found by its simulation, fixed): two copies of one task id run at once (a
+    # broker's redelivery while the first still runs); with no lease, the copy whose body raised ended
+    # FAILURE, then the other claimed the key and ended SUCCESS. Now a FAILURE marks the key ended by
+    # its task id first, and the other copy's claim is refused (it ends quietly).
     "C1 a copy of a task id fails while another copy of it runs, which then commits": (
         "memory_commit",
         [("action", "duplicate"), ("body op", "nested"), ("nested delivery", _queued), ("body op", "raise"),
