@@ -202,21 +202,30 @@ class Run:
             return self._end(decide(Facts(Event.BODY_UNKNOWN)), fence, None, self.policy.interval, cause=exc)
         except BaseException as exc:
             event = body_event(exc)
-            if self.claimant and event in (Event.RAISED, Event.INTERRUPTED) and self._ends_first(fence, exc):
-                return self._end(Action.FAIL, fence, None, cause=exc)
-            return self._end(self._decide(Facts(event), fence.token), fence, None, cause=exc)
+            marked = None
+            if self.claimant and event in (Event.RAISED, Event.INTERRUPTED):
+                marked = self._ends_first(fence, exc)
+                if marked:
+                    return self._end(Action.FAIL, fence, None, cause=exc)
+            action = self._decide(Facts(event), fence.token)
+            if marked is None and self.claimant and action is Action.REQUEUE:
+                # The mark's outcome and the key are both unknown. Sent again, a copy would meet the mark
+                # if it landed, and end quietly with no ending stored: this FAILURE is the ending.
+                action = Action.FAIL
+            return self._end(action, fence, None, cause=exc)
         return self._complete(fence, result)
 
-    def _ends_first(self, fence: Fence, exc: BaseException) -> bool:
+    def _ends_first(self, fence: Fence, exc: BaseException) -> bool | None:
         """``fence_mode="commit"``: whether this run's FAILURE is its task id's ending. It marks the key ended
         (``strand``: a free key only), so the claim of a copy of this task id running beside it is refused
-        from now on. ``False``: a copy claimed the key first, or the store did not answer: the read decides
-        (a copy's committed claim makes this run's ending that copy's)."""
+        from now on. ``False``: a copy claimed the key first; ``None``: the store did not answer. Then the
+        read decides (a copy's committed claim makes this run's ending that copy's)."""
         fence.abort()  # first: on SQLite this run's transaction holds the write lock that the mark needs
         reason = f"{self.name} ended FAILURE ({type(exc).__name__})"
         # The mark names this run, so a read after a mark whose reply was lost knows it for its own.
         marked = {**(self.run_info or {}), ENDED_BY: self.claimant}
-        return bool(quietly(self.store.strand, self.key, marked, reason))
+        answer = quietly(self.store.strand, self.key, marked, reason)
+        return None if answer is None else bool(answer)
 
     def _hooks(self, fence: Fence) -> tuple[OnLost, OnRenewed]:
         def on_lost(lost: Lease, reason: str) -> None:  # the renewer's thread

@@ -232,10 +232,10 @@ class World:
         shown = result if self.eager or not failed else stored
         ended = "ended without SUCCESS" if failed else "returned"
         self.say(f"  -> {ended}; the backend says {status} {shown!r:.120}")
-        # A delivery after its task id's FAILURE (the limit above) that ends quietly keeps that one ending:
-        # fence_mode="commit" refuses its claim (the FAILURE marked the key ended by the task id).
-        stands = message.id in self.rec.limited and status == states.FAILURE
-        if delivery.clean and delivery.returned and failed and not stands:
+        # A delivery of a task id whose FAILURE was stored before it ran (the limit above, N4) that ends
+        # quietly: fence_mode="commit" refuses its claim (the FAILURE marked the key ended by the task id),
+        # so the FAILURE stays its ending, or a retry sent before it (also N4) shows RETRY.
+        if delivery.clean and delivery.returned and failed and message.id not in self.rec.limited:
             self.violation(
                 f"{message.id}: its body returned and every store call answered, yet it ended without "
                 f"SUCCESS (the backend says {status} {shown!r:.150})"
