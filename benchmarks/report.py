@@ -243,6 +243,11 @@ def summary_text(results: dict[str, Any], elapsed: float) -> str:
             if v != "plain_write"
         )
         lines.append(f"  fence_cost {store}: over the unfenced task: {text}")
+        for v in ("fenced_tx", "fenced_commit"):  # the statements of a run with one transaction() block
+            if v in group:
+                kinds = ", ".join(f"{k} {n:g}" for k, n in group[v]["round_trips_by_kind"].items())
+                per_run = group[v]["round_trips_per_task"]
+                lines.append(f"  fence_cost {store}: {v} {per_run:g} per run: {kinds}")
     for t in results.get("targets", []):
         mark = {True: "MET   ", False: "MISSED", None: "n/a   "}[t["met"]]
         lines.append(f"  [{mark}] {t['target']}: {t['measured']}")
