@@ -136,6 +136,30 @@ def fenced_tx(self: Any, i: int, tag: str) -> Any:
     return work(i)
 
 
+def fenced_commit(self: Any, i: int, tag: str) -> Any:
+    """FencedTask in commit mode (docs/commit-mode.md) writing the same row in ``self.fence.transaction()``:
+    no lease; the row commits with the claim of the key."""
+    with self.fence.transaction() as conn:
+        conn.execute(INSERT_ROW, {"key": self.request.id, "i": i})
+    return work(i)
+
+
+# A worker refuses to start with a commit-mode task on a Redis or etcd store: registered only on a SQL store,
+# and in the producer (memory://, never a worker), which sends it by name
+if not app.conf.fence_store_url.startswith(("redis", "etcd")):
+    app.task(name="bench.fenced_commit", base=FencedTask, bind=True, fence_mode="commit")(fenced_commit)
+
+
+@app.task(name="bench.handwritten_write", bind=True)
+def handwritten_write(self: Any, i: int, tag: str) -> Any:
+    """The hand-written fence around the same row (:func:`benchmarks.handwritten.fenced_write`): the row and
+    the completion in one transaction, on PostgreSQL (``FENCE_BENCH_PG_DSN``)."""
+    try:
+        return handwritten.fenced_write(self.request.id, self.request.id, i, lambda: work(i))
+    except handwritten.Refused as exc:
+        raise Ignore() from exc
+
+
 @app.task(name="bench.celery_once", base=QueueOnce, once={"graceful": True})
 def celery_once(i: int, tag: str) -> Any:
     return work(i)

@@ -31,9 +31,11 @@ from .curve import Cell, _rounds
 from .services import PgSchema, drop_redis_keys, pg_schema
 from .stats import ratios, summary
 from .stores import STORES, LeaseStore, lease_store, opened
-from .throughput import LIVE, STAGE, bench_worker, rows_url
+from .throughput import LIVE, STAGE, _create_user_tables, bench_worker, rows_url
 
 SQL = ("sqlite", "postgresql")
+PG = ("postgresql",)
+HANDWRITTEN = "handwritten_write"  # the fair hand-written fence: it makes the same write (PostgreSQL only)
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ VARIANTS = (  # a new mode is one more line here
     BASELINE,
     Variant("fenced_write", "FencedTask (lease mode), the row in its own engine.begin()", STORES),
     Variant("fenced_tx", "FencedTask (lease mode), the row in self.fence.transaction()", SQL),
+    Variant("fenced_commit", "FencedTask (commit mode), the row in self.fence.transaction()", SQL),
+    Variant(HANDWRITTEN, "hand-written fence (psycopg), the row and the completion in one transaction", PG),
 )
 SCALE = {"etcd": 0.5}  # FencedTask on etcd is the slowest: half-size batches keep the run short
 
@@ -70,6 +74,7 @@ def run(rounds: int, tasks: int, rt_tasks: int, log: Any, stores: tuple[str, ...
     }
     try:
         with pg_schema("cost") as schema:
+            _create_user_tables(schema)  # the hand-written fence's table
             for kind in stores:
                 with lease_store(kind, schema, private_redis=True) as lease:
                     out[kind] = _one_store(app, kind, lease, schema, rounds, tasks, rt_tasks, log)
@@ -115,8 +120,17 @@ def _figures(counted: dict[str, dict[str, Any]], cells: dict[str, Cell]) -> dict
             "fence_round_trips": round(rt["per_task"] - counted[base.variant]["per_task"], 3),
             **cell.figures(),
             "over_unfenced": summary(ratios(cell.rates, base.rates)),
+            **_over_handwritten(cell, cells),
             "fence_cpu_us_per_task": summary(
                 [c["total"] - b["total"] for c, b in zip(cell.cpus, base.cpus, strict=True)], 1
             ),
         }
     return out
+
+
+def _over_handwritten(cell: Cell, cells: dict[str, Cell]) -> dict[str, Any]:
+    """tasks/s over the hand-written fence making the same write, per round (where it ran: PostgreSQL)."""
+    hand = cells.get(HANDWRITTEN)
+    if hand is None or cell is hand:
+        return {}
+    return {"over_handwritten": summary(ratios(cell.rates, hand.rates))}

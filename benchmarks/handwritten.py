@@ -8,6 +8,11 @@
 One connection per worker process (opened after fork, kept), with psycopg's defaults: ``autocommit`` off,
 so each statement is committed by ``conn.commit()`` (psycopg sends ``BEGIN``, the statement, ``COMMIT``).
 ``autocommit=True`` gives the tightest possible form, one round trip per statement; the benchmark runs both.
+
+:func:`fenced_write` is the same fence around a body that writes one row, as an engineer would put the row
+under it: the acquire in autocommit, then the row's ``INSERT`` and the completion's ``UPDATE`` in one
+transaction (psycopg's ``BEGIN``, the two statements, ``COMMIT``: 5 round trips with the acquire), rolled
+back when the completion matches no row. PostgreSQL only (no SQLite twin).
 Table and sequence: ``fence_bench_handwritten`` and ``fence_bench_handwritten_seq`` in the run's schema.
 """
 
@@ -42,6 +47,8 @@ COMPLETE = """
 UPDATE fence_bench_handwritten SET done = true, result = %(result)s, expires_at = NULL
 WHERE key = %(key)s AND token = %(token)s AND NOT done"""
 
+INSERT_ROW = "INSERT INTO fence_bench_tx (key, i) VALUES (%(key)s, %(i)s)"
+
 _connections: dict[tuple[int, bool], psycopg.Connection[Any]] = {}
 
 
@@ -73,4 +80,29 @@ def fenced(key: str, owner: str, body: Callable[[], Any], ttl: float = 30.0, aut
         conn.commit()
     if updated != 1:
         raise Refused(f"{key}: token {row[0]} was superseded")
+    return result
+
+
+def fenced_write(key: str, owner: str, i: int, body: Callable[[], Any], ttl: float = 30.0) -> Any:
+    """Acquire (autocommit), then ``fence_bench_tx``'s row and the completion in one transaction: the row
+    commits with the completion or not at all. ``None`` when the key is held or done."""
+    conn = connection(True)  # this process's autocommit connection, out of autocommit for the transaction
+    row = conn.execute(ACQUIRE, {"key": key, "owner": owner, "ttl": ttl}).fetchone()
+    if row is None:
+        return None
+    result = body()
+    conn.autocommit = False  # idle: no round trip; psycopg sends BEGIN before the INSERT
+    try:
+        conn.execute(INSERT_ROW, {"key": key, "i": i})
+        params = {"key": key, "token": row[0], "result": json.dumps(result)}
+        if conn.execute(COMPLETE, params).rowcount != 1:
+            raise Refused(f"{key}: token {row[0]} was superseded")
+        conn.commit()
+    except BaseException:  # the row goes with the refused completion
+        if not conn.closed:
+            conn.rollback()
+        raise
+    finally:
+        if not conn.closed:
+            conn.autocommit = True
     return result

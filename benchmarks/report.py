@@ -69,6 +69,8 @@ def _fence_cost(cost: dict[str, Any]) -> dict[str, Any]:
             flat[f"{where}/cpu_us_per_task"] = r["cpu_us_per_task"]["total"]
             flat[f"{where}/fence_cpu_us_per_task"] = _mm(r["fence_cpu_us_per_task"])
             flat[f"{where}/over_unfenced"] = _mm(r["over_unfenced"])
+            if "over_handwritten" in r:
+                flat[f"{where}/over_handwritten"] = _mm(r["over_handwritten"])
     return flat
 
 
@@ -161,6 +163,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         text = ", ".join(f"{s} max {max(r[c]['seconds']['max'] for c in CASES):.2f}s" for s, r in tk)
         met = all(r[c]["within_bound"] for _, r in tk for c in CASES)
         add(f"takeover <= ttl + renew interval ({bound:.2f}s), after SIGKILL", text, met)
+    out += _commit_mode_targets(results.get("fence_cost"))
     sc = results.get("acquire_scaling", {})
     if "median_ratio_largest_to_smallest" in sc:
         ratio = sc["median_ratio_largest_to_smallest"]
@@ -168,6 +171,43 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"acquire latency flat across table sizes (median 10^6 / 10^3 <= {FLAT_MAX})",
             f"{ratio}",
             ratio <= FLAT_MAX,
+        )
+    return out
+
+
+def _commit_mode_targets(cost: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Issue 30.1, per SQL store measured: the commit mode's round trips beyond the unfenced task making
+    the same write (whose own transaction is the task's: BEGIN, INSERT, COMMIT), and its tasks/s over the
+    hand-written fence making the same write (PostgreSQL only) and over that unfenced task."""
+    out: list[dict[str, Any]] = []
+    for store, group in _stores(cost):
+        r = group.get("fenced_commit")
+        if r is None:
+            continue
+        extra = r["fence_round_trips"]
+        out.append(
+            {
+                "target": f"{store}: commit mode, 1 store round trip beyond the task's own transaction",
+                "measured": f"{r['round_trips_per_task']} per task, {extra:+g} over the unfenced task",
+                "met": extra <= 1,
+            }
+        )
+        if "over_handwritten" in r:
+            hw = r["over_handwritten"]
+            out.append(
+                {
+                    "target": f"{store}: commit mode >= 1.1x the hand-written fence making the same write",
+                    "measured": f"x{span(hw)}",
+                    "met": hw["median"] >= 1.1,
+                }
+            )
+        plain = r["over_unfenced"]
+        out.append(
+            {
+                "target": f"{store}: commit mode >= 0.9 of an unfenced task making the same write",
+                "measured": span(plain),
+                "met": plain["median"] >= 0.9,
+            }
         )
     return out
 
@@ -203,6 +243,11 @@ def summary_text(results: dict[str, Any], elapsed: float) -> str:
             if v != "plain_write"
         )
         lines.append(f"  fence_cost {store}: over the unfenced task: {text}")
+        for v in ("fenced_tx", "fenced_commit"):  # the statements of a run with one transaction() block
+            if v in group:
+                kinds = ", ".join(f"{k} {n:g}" for k, n in group[v]["round_trips_by_kind"].items())
+                per_run = group[v]["round_trips_per_task"]
+                lines.append(f"  fence_cost {store}: {v} {per_run:g} per run: {kinds}")
     for t in results.get("targets", []):
         mark = {True: "MET   ", False: "MISSED", None: "n/a   "}[t["met"]]
         lines.append(f"  [{mark}] {t['target']}: {t['measured']}")

@@ -190,7 +190,7 @@ def _fence_cost(cost: dict[str, Any] | None) -> list[str]:
     ]
     head = ["lease store", "task", "round trips per task", "the fence's", "what"]
     head += ["CPU µs/task (worker + PostgreSQL + store server)", "the fence's CPU µs/task", "tasks/s"]
-    head += ["/ unfenced", "effects"]
+    head += ["/ unfenced", "/ hand-written fence, same write", "effects"]
     rows = []
     for store, group in cost.items():
         if store == "settings" or "variants" not in group:
@@ -209,6 +209,7 @@ def _fence_cost(cost: dict[str, Any] | None) -> list[str]:
                     span(r["fence_cpu_us_per_task"], "{:+.0f}"),
                     span(r["tasks_per_s"], "{:.0f}"),
                     span(r["over_unfenced"], "{:.2f}"),
+                    span(r["over_handwritten"], "{:.2f}") if "over_handwritten" in r else "-",
                     r["effects_checked"],
                 ]
             )

@@ -71,10 +71,13 @@ def run(rounds: int, tasks: int, stores: list[str], log: Any) -> dict[str, Any]:
 
 
 def _create_user_tables(schema: PgSchema) -> None:
+    from .bench_app import ROWS_DDL
+
     engine = create_engine(schema.url)
     with engine.begin() as conn:
         conn.exec_driver_sql(handwritten.DDL)
         conn.exec_driver_sql(peers.JOBS_DDL)
+        conn.exec_driver_sql(ROWS_DDL)  # the row the *_write variants write (PostgreSQL)
     engine.dispose()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.report import figures
+from benchmarks.report import figures, targets
 from benchmarks.report_tables import _fence_cost, _transactions
 
 
@@ -42,6 +42,28 @@ def test_the_fence_cost_table_has_a_row_per_store_and_variant_measured() -> None
     assert "| commit mode | 5.0 | +2 |" in rows[2]
     assert "+1000" in rows[2]
     assert figures({"fence_cost": cost})["fence_cost/sqlite/fenced_commit/fence_round_trips"] == 2.0
+
+
+def test_the_commit_modes_targets_are_judged_against_the_same_write_unfenced_and_hand_written() -> None:
+    names = ["plain_write", "fenced_commit", "handwritten_write"]
+    pg = {"variants": names} | {v: _variant(3.0 + 2 * i, 1000.0, 1000.0) for i, v in enumerate(names)}
+    pg["fenced_commit"] |= {"fence_round_trips": 0.0, "over_unfenced": _spread(0.8)}
+    pg["fenced_commit"]["over_handwritten"] = _spread(1.2)
+    sqlite = {"variants": names[:2]} | {v: pg[v] | {"fence_round_trips": 2.0} for v in names[:2]}
+    sqlite["fenced_commit"] = sqlite["fenced_commit"] | {"over_unfenced": _spread(0.95)}
+    del sqlite["fenced_commit"]["over_handwritten"]  # the hand-written fence runs on PostgreSQL only
+
+    judged = {t["target"]: t["met"] for t in targets({"fence_cost": {"postgresql": pg, "sqlite": sqlite}})}
+
+    assert judged == {
+        "postgresql: commit mode, 1 store round trip beyond the task's own transaction": True,
+        "postgresql: commit mode >= 1.1x the hand-written fence making the same write": True,
+        "postgresql: commit mode >= 0.9 of an unfenced task making the same write": False,
+        "sqlite: commit mode, 1 store round trip beyond the task's own transaction": False,
+        "sqlite: commit mode >= 0.9 of an unfenced task making the same write": True,
+    }
+    rows = [line for line in _fence_cost({"postgresql": pg}) if "| postgresql" in line]
+    assert "| 1.20 (1.20-1.20) |" in rows[1] and rows[2].endswith("| - | 20/20 |")
 
 
 def test_the_transactions_table_puts_with_and_without_side_by_side() -> None:
