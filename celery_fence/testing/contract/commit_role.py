@@ -109,15 +109,32 @@ def test_a_released_lease_opens_and_is_claimed(fence_contract_store: Any) -> Non
     assert verify(store.history()) == []
 
 
-def test_a_stranded_key_opens_and_the_claim_clears_dead(fence_contract_store: Any) -> None:
+def test_a_key_stranded_by_another_task_id_opens_and_the_claim_clears_dead(fence_contract_store: Any) -> None:
     store = fence_contract_store
     if lacking(store, RecoveryStore):
         pytest.skip("the store has no RecoveryStore role: nothing strands a key")
-    assert store.strand("k", RUN, "gave up waiting out the store") is True
+    assert store.strand("k", {**RUN, "id": "t-0"}, "gave up waiting out the store") is True
     token = _claimed(store, "k", "c", "claimed")
     assert token > 0 and store.get("k").dead is None
     assert [e.event for e in store.history("k")] == ["gave-up", "commit"]
     assert verify(store.history()) == []
+
+
+def test_a_key_stranded_by_the_claims_own_task_id_refuses_it(fence_contract_store: Any) -> None:
+    """A run of this task id ended (FAILURE, or it gave up) and marked the key with its run record: a copy
+    of the same task id claims nothing after it (one ending per task id); the refusal is recorded."""
+    store = fence_contract_store
+    if lacking(store, RecoveryStore):
+        pytest.skip("the store has no RecoveryStore role: nothing strands a key")
+    assert store.strand("k", RUN, "shop.ship[t-1] ended FAILURE (RuntimeError)") is True
+    handle = store.begin_commit("k", "copy", TTL, RUN)  # the key is free: the copy's body may run
+    with pytest.raises(StaleToken):
+        handle.complete("late")
+    with pytest.raises(StaleToken):
+        store.claim("k", "copy", "late", RUN)
+    state = store.get("k")
+    assert not state.done and state.dead
+    assert [(e.event, e.detail) for e in store.history("k")][1:] == [("refused", "commit")] * 2
 
 
 def test_a_claim_on_a_done_key_is_refused_recorded_and_commits_nothing(fence_contract_store: Any) -> None:
