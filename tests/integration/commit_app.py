@@ -33,19 +33,19 @@ def _write(self: Any, item: str) -> dict[str, Any]:
     return {"item": item, "by": self.request.id, "pid": os.getpid()}
 
 
-@app.task(name="commit_app.commit_write", **COMMIT)
+@app.task(name="commit_app.commit_write", shared=False, **COMMIT)
 def commit_write(self: Any, item: str) -> dict[str, Any]:
     """The app's ``task_reject_on_worker_lost``: a lost pool process's message goes back to the broker."""
     return _write(self, item)
 
 
-@app.task(name="commit_app.commit_write_unrejected", reject_on_worker_lost=False, **COMMIT)
+@app.task(name="commit_app.commit_write_unrejected", reject_on_worker_lost=False, shared=False, **COMMIT)
 def commit_write_unrejected(self: Any, item: str) -> dict[str, Any]:
     """Without ``reject_on_worker_lost``: Celery's default decides what becomes of a lost run's message."""
     return _write(self, item)
 
 
-@app.task(name="commit_app.chaos_commit", base=FencedTask, bind=True, fence_mode="commit")
+@app.task(name="commit_app.chaos_commit", base=FencedTask, bind=True, fence_mode="commit", shared=False)
 def chaos_commit(self: Any, item: Any, pause: float = 0.0) -> dict[str, Any]:
     """The chaos cases' fenced commit, keyed by its task id: one ``fence_it_effects`` row (no unique key,
     so a doubled commit shows as two rows) that commits with the claim. The first run of an id sleeps
