@@ -167,7 +167,8 @@ class Run:
         runtime = self.runtime
         if self.committing:  # no lease to renew: the claim at the end is the fence
             self.claimant = lease.owner
-            mode = CommitMode(self._commit_store(), self.policy.ttl, self.run_info)
+            store = cast(CommitStore, self.store)  # its capability was checked by _begin_commit
+            mode = CommitMode(store, self.policy.ttl, self.run_info)
             fence = Fence(self.store, lease, None, self.policy.ttl, self.clock, mode, self.opened)
         else:
             fence = Fence(self.store, lease, runtime.renewer, self.policy.ttl, self.clock)

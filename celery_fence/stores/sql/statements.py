@@ -40,9 +40,10 @@ class LeaseStatements:
             name: compiled(getattr(self.queries, name), dialect) for name in _FIRST_OR_LAST
         } if connections.dialect == "postgresql" else None
 
-    def first(self, conn: Connection, name: str, params: Mapping[str, Any]) -> Any:
-        """The first row (or ``None``) of statement ``name``, the first of ``conn``'s transaction."""
-        if self._one_trip is None:
+    def first(self, conn: Connection, name: str, params: Mapping[str, Any], with_begin: bool = True) -> Any:
+        """The first row (or ``None``) of statement ``name``, the first of ``conn``'s transaction: sent with
+        its ``BEGIN`` unless ``with_begin`` is false (a transaction someone else began: Django's)."""
+        if self._one_trip is None or not with_begin:
             return conn.execute(getattr(self.queries, name), params).first()
         rows = in_one_round_trip(self.url, conn, self._one_trip[name], params, begin=True)
         return rows[0] if rows else None
@@ -79,20 +80,14 @@ class LeaseStatements:
         if idle_ms is None:
             return conn.execute(self.queries.guard, params).first() is not None
         params["idle_ms"] = idle_ms
-        if with_begin:
-            return self.first(conn, "open_guard", params) is not None
-        return conn.execute(self.queries.open_guard, params).first() is not None
+        return self.first(conn, "open_guard", params, with_begin) is not None
 
     def open_read(self, conn: Connection, key: str, ttl: float, with_begin: bool) -> None:
         """A fenced commit's first statement: read the key in ``conn``'s transaction, and raise
         ``AlreadyDone`` or ``LeaseHeld`` if it is finished or leased. A paused run blocks a copy's claim (its
         row lock) for one ttl at most where the server can end it (PostgreSQL), as a lease mode run blocks
         a takeover. ``with_begin``: as for :meth:`guard`."""
-        params = {"key": key, "idle_ms": max(1, int(ttl * 1000))}
-        if with_begin:
-            row = self.first(conn, "open_read", params)
-        else:
-            row = conn.execute(self.queries.open_read, params).first()
+        row = self.first(conn, "open_read", {"key": key, "idle_ms": max(1, int(ttl * 1000))}, with_begin)
         if row is None or row.key is None:
             return
         state = lease_state(row)
