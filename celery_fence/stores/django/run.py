@@ -23,7 +23,7 @@ from django.db import connections, transaction
 from sqlalchemy import Connection
 
 from ..._failpoints import failpoint
-from ...errors import FenceError, StaleToken, StoreUnavailable, UsageError
+from ...errors import FenceError, StoreUnavailable, UsageError
 from ...lease import Lease
 from ..sql.driver import translate_errors
 from ..sql.errors import (  # what a driver error means, and what of it a caller's statement may meet
@@ -33,7 +33,7 @@ from ..sql.errors import (  # what a driver error means, and what of it a caller
     safe_url,
     user_statement_errors,
 )
-from ..sql.run import RunTransaction
+from ..sql.run import CommitTransaction, RunTransaction
 from ..sql.statements import LeaseStatements
 from .borrowed import BorrowedConnection
 
@@ -91,22 +91,6 @@ class DjangoRunTransaction(RunTransaction):
         with _django_errors(self.statements.url):
             savepoint.__exit__(None, None, None)  # releases the savepoint
 
-    def complete(self, result: Any) -> None:
-        """Store the result, mark the key done and release the lease in this transaction, then commit by
-        leaving the outermost ``atomic()``. ``StoreUnavailable``: the outcome is unknown, read the key."""
-        conn = self._usable()
-        params = self.statements.complete_params(self.lease, result)
-        try:
-            self._refuse_doomed()
-            with translate_errors(self.statements.url):
-                completed = conn.execute(self.statements.queries.complete, params).first()
-                if completed is None:  # not while we hold the lock
-                    raise StaleToken(self.lease.key, self.lease.token, None, "complete")
-                failpoint("before-commit")
-            self._commit()
-        finally:
-            self.close()
-
     def commit(self) -> None:
         """Commit without a completion (a store-level ``transaction()``: an atomic step's writes)."""
         self._usable()
@@ -127,6 +111,18 @@ class DjangoRunTransaction(RunTransaction):
                 outer.__exit__(_RolledBack, _RolledBack(), None)
 
     # -- internals --
+
+    def _last(self, conn: Connection, name: str, params: Mapping[str, Any]) -> Any:
+        """The completion or claim, then the commit by leaving the outermost ``atomic()`` (Django runs the
+        ``on_commit`` callbacks after it): ``Unchanged``, nothing committed, when it changed no row."""
+        self._refuse_doomed()
+        with translate_errors(self.statements.url):
+            row = conn.execute(getattr(self.statements.queries, name), params).first()
+        if row is None:  # SQLite; PostgreSQL's statement fails instead (Unchanged)
+            raise Unchanged(f"the {name} of key {self.lease.key!r} changed no row")
+        failpoint("before-commit")
+        self._commit()
+        return row
 
     @contextmanager
     def _callers_statements(self) -> Iterator[None]:
@@ -228,9 +224,9 @@ def _django_errors(url: str) -> Iterator[None]:
         raise driver_error(url, exc.__cause__ or exc, False) from exc
 
 
-class DjangoCommitTransaction(DjangoRunTransaction):
-    """``fence_mode="commit"`` on Django's connection (``stores.sql.run.CommitTransaction`` in a Django
-    transaction): it opens with a read of the key, the ORM's writes in ``self.fence.atomic()`` join it, and
+class DjangoCommitTransaction(CommitTransaction, DjangoRunTransaction):
+    """``fence_mode="commit"`` on Django's connection: ``CommitTransaction``'s read and claim in a Django
+    transaction. It opens with a read of the key, the ORM's writes in ``self.fence.atomic()`` join it, and
     the completion claims the key, then leaves the outermost ``atomic()``: the claim, the ORM's writes and
     the ``on_commit`` callbacks go together or not at all."""
 
@@ -245,29 +241,5 @@ class DjangoCommitTransaction(DjangoRunTransaction):
         run: Mapping[str, Any] | None,
     ) -> None:
         self.run = run
-        self.token: int | None = None  # the token the claim drew, once it committed
-        super().__init__(statements, borrowed, Lease(key, 0, owner), ttl, lock_timeouts)
-
-    def complete(self, result: Any) -> None:
-        """Claim the key with ``result``, then commit by leaving the outermost ``atomic()``. ``StaleToken``
-        (recorded; nothing committed): the key is done or leased."""
-        conn = self._usable()
-        params = self.statements.claim_params(self.lease, result, self.run)
-        try:
-            self._refuse_doomed()
-            with translate_errors(self.statements.url):
-                claimed = conn.execute(self.statements.queries.claim, params).first()
-            if claimed is None:  # SQLite; PostgreSQL's claim fails instead (Unchanged)
-                raise Unchanged(f"the claim of key {self.lease.key!r} changed no row")
-            failpoint("before-commit")
-            self._commit()
-            self.token = int(claimed.token)
-        except Unchanged:
-            self.close()
-            self.statements.refuse(self.lease, "commit")
-        finally:
-            self.close()
-
-    def _guard(self, conn: Connection, ttl: float, step: str | None) -> bool:
-        self.statements.open_read(conn, self.lease.key, ttl, with_begin=False)  # Django began it
-        return True
+        self.token = None  # the token the claim drew, once it committed
+        DjangoRunTransaction.__init__(self, statements, borrowed, Lease(key, 0, owner), ttl, lock_timeouts)

@@ -81,9 +81,7 @@ class RunTransaction:
         conn = self._usable()
         params = self.statements.complete_params(self.lease, result)
         try:
-            failpoint("before-commit")
-            with translate_errors(self.statements.url):
-                self.statements.last(conn, self._tx, "complete_or_fail", params)  # one round trip
+            self._last(conn, "complete_or_fail", params)
         except Unchanged:  # not while we hold the lock
             raise StaleToken(self.lease.key, self.lease.token, None, "complete") from None
         finally:
@@ -115,6 +113,13 @@ class RunTransaction:
                 conn.close()
 
     # -- internals --
+
+    def _last(self, conn: Connection, name: str, params: Mapping[str, Any]) -> Any:
+        """The transaction's last statement, then its commit (one round trip on PostgreSQL): ``Unchanged``,
+        nothing committed, when it changed no row."""
+        failpoint("before-commit")
+        with translate_errors(self.statements.url):
+            return self.statements.last(conn, self._tx, name, params)
 
     def _begin(self, ttl: float, step: str | None) -> Connection | None:
         statements = self.statements
@@ -194,10 +199,7 @@ class CommitTransaction(RunTransaction):
         conn = self._usable()
         params = self.statements.claim_params(self.lease, result, self.run)
         try:
-            failpoint("before-commit")
-            with translate_errors(self.statements.url):
-                claimed = self.statements.last(conn, self._tx, "claim", params)  # one round trip
-            self.token = int(claimed.token)
+            self.token = int(self._last(conn, "claim", params).token)
         except Unchanged:
             self.close()
             self.statements.refuse(self.lease, "commit")
