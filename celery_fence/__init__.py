@@ -6,6 +6,7 @@ from .dao import fenced_update
 from .errors import (
     AlreadyDone,
     ConfigurationError,
+    FailedBefore,
     FenceError,
     GaveUp,
     InvalidArgument,
@@ -26,6 +27,7 @@ from .task import FencedTask
 __all__ = [
     "AlreadyDone",
     "ConfigurationError",
+    "FailedBefore",
     "Fence",
     "FenceError",
     "FenceMetrics",

@@ -21,12 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .lease import LeaseState
+from .lease import ENDED_BY, LeaseState
 
 __all__ = ["ENDED_BY", "Action", "Event", "Facts", "View", "asks_backend", "decide", "holder_of", "view_of"]
 
-# In the run record of a key that a run of fence_mode="commit" marked ended (its FAILURE): that run's owner.
-ENDED_BY = "fence_ended_by"
 
 
 class Event(enum.Enum):
@@ -35,6 +33,7 @@ class Event(enum.Enum):
     HELD = "held"  # acquire: a live lease elsewhere (LeaseHeld)
     ACQUIRE_UNKNOWN = "acquire unknown"  # acquire raised StoreUnavailable after its retries
     ENDED_BEFORE = "ended before"  # acquired by takeover, but this task id already ended FAILURE
+    FAILED_BEFORE = "failed before"  # fence_mode="commit": a run of this task id marked the key failed
     RETURNED = "returned"  # the body returned: complete next
     RETURNED_BLOCK_UNDONE = "returned, block undone"  # ... after catching its first transaction() block's
     # failure: that block rolled the run's transaction back, nothing else was in it
@@ -64,6 +63,7 @@ class View(enum.Enum):
     HANDED_OFF = "handed off"  # held by the earlier attempt that sent this copy (its hand-off token)
     SAME_TASK = "same task"  # another run of this task id holds the key
     SAME_TASK_DONE = "same task done"  # another run of this task id finished the key
+    SAME_TASK_FAILED = "same task failed"  # another run of this task id marked the key failed (its FAILURE)
     OTHER_TASK = "other task"  # a run of another task id holds the key
     OTHER_TASK_DONE = "other task done"  # a run of another task id finished the key
     FREE = "free"  # not finished, nobody holds it, not this run's token (e.g. an admin release)
@@ -77,6 +77,7 @@ class Action(enum.Enum):
     ABSORB = "absorb"  # a duplicate whose result was already delivered: end quietly (Ignore)
     ABSORB_LATER = "absorb later"  # a duplicate of a running copy: send again later in case it dies
     AWAIT_DELIVERY = "await delivery"  # a copy of a finished run not delivered yet: look again after a ttl
+    DELIVER_FAILURE = "deliver failure"  # the run that marked the key failed never stored it: end FAILURE
     TAKE_BACK = "take back"  # release the hand-off lease of the attempt that sent us, acquire again
     ACQUIRE_AGAIN = "acquire again"  # the key changed between the acquire and the read
     BUSY = "busy"  # another task holds the key: fence_on_busy decides
@@ -103,6 +104,7 @@ class Facts:
     deadline_passed: bool = False  # the run's local deadline passed: stop calling the store again
     read_failed: bool = False  # the store did not answer the read of the key
     wait_over: bool = False  # no use waiting for delivery: waited a ttl already (a header), or nothing tells
+    marked: bool = False  # fence_mode="commit": this failed run marked the key failed, so its FAILURE ends it
 
 
 # The answer for the events that never need a read.
@@ -135,6 +137,9 @@ _REFUSED = {
     View.FREE: Action.REFUSE_REQUEUE,  # an admin release: nobody holds it, the work is still to do
     View.SAME_TASK: Action.REFUSE_IGNORE,  # the newer copy of this task id delivers the result
     View.SAME_TASK_DONE: Action.REFUSE_IGNORE,
+    # The run that marked it delivers its FAILURE (or, if its worker stopped first, its message's redelivery
+    # meets the mark and delivers it: FAILED_BEFORE)
+    View.SAME_TASK_FAILED: Action.REFUSE_IGNORE,
     View.OTHER_TASK: Action.REFUSE_SUPERSEDED,
     View.OTHER_TASK_DONE: Action.REFUSE_WINNER,
 }
@@ -144,6 +149,10 @@ def decide(facts: Facts) -> Action:
     """The next action of a run: a total function of :class:`Facts` (every combination has an answer)."""
     if facts.event in _WITHOUT_READ:
         return _WITHOUT_READ[facts.event]
+    if facts.marked and facts.event in _FAILED:
+        # The mark (made only on a key nobody finished or holds) refuses every copy's claim from now on:
+        # this FAILURE is the task id's one ending.
+        return Action.FAIL
     if facts.view is View.UNREAD and not facts.read_failed:
         return Action.READ
     return _AFTER_READ.get(facts.event, _completion)(facts)  # else COMPLETE_REFUSED or COMPLETE_UNKNOWN
@@ -161,6 +170,16 @@ def _finished(facts: Facts) -> Action:
     if facts.view is View.OTHER_TASK_DONE:
         return Action.RETURN_STORED  # the winner's result is this task id's result too
     return Action.ACQUIRE_AGAIN  # pruned meanwhile
+
+
+def _failed_before(facts: Facts) -> Action:
+    """A run of this task id ended FAILURE and marked the key so (``fence_mode="commit"``). Celery stores
+    that FAILURE right after the mark; silent for a ttl, the run's worker stopped in between: deliver it."""
+    if facts.delivered:
+        return Action.ABSORB
+    if facts.view in (View.SAME_TASK_FAILED, View.UNREAD):
+        return Action.DELIVER_FAILURE if facts.wait_over else Action.AWAIT_DELIVERY
+    return Action.ACQUIRE_AGAIN  # the key changed between the begin and the read
 
 
 def _held(facts: Facts) -> Action:
@@ -202,7 +221,7 @@ def _failed(facts: Facts) -> Action:
     very task id holds or finished the key (this run is a stale one): that copy's ending is the task id's,
     and a FAILURE now would run both branches of the canvas. Unreadable: the result backend tells whether
     its ending was delivered already, and if not, a copy is sent to find out."""
-    if facts.view in (View.SAME_TASK, View.SAME_TASK_DONE) or facts.delivered:
+    if facts.view in (View.SAME_TASK, View.SAME_TASK_DONE, View.SAME_TASK_FAILED) or facts.delivered:
         return Action.ABSORB
     if facts.view is View.UNREAD:  # a copy of this task id may have taken the key over (an expiry, an admin
         return Action.REQUEUE  # release) and committed: a copy finds out; no FAILURE beside its SUCCESS
@@ -221,6 +240,7 @@ _AFTER_READ = {
     Event.RAISED: _failed,
     Event.INTERRUPTED: _failed,
     Event.FINISHED: _finished,
+    Event.FAILED_BEFORE: _failed_before,
     Event.HELD: _held,
     Event.REFUSED: _refused,
     Event.COMPLETE_INTERRUPTED: _interrupted,
@@ -228,7 +248,9 @@ _AFTER_READ = {
 
 
 _FAILED = (Event.RAISED, Event.INTERRUPTED)
-_MINE_OR_A_COPYS = (View.MINE_DONE, View.MINE_HELD, View.MINE_FREE, View.SAME_TASK, View.SAME_TASK_DONE)
+_MINE_OR_A_COPYS = (
+    View.MINE_DONE, View.MINE_HELD, View.MINE_FREE, View.SAME_TASK, View.SAME_TASK_DONE, View.SAME_TASK_FAILED
+)
 
 
 def asks_backend(event: Event, view: View) -> bool:
@@ -236,6 +258,8 @@ def asks_backend(event: Event, view: View) -> bool:
     task id's ending is stored). Only the slow paths ask, so a plain run never reads the backend."""
     if event in _FAILED:  # a failure on a key no longer this run's nor a copy's (moved on, or unreadable):
         return view not in _MINE_OR_A_COPYS  # did a copy of this task id end it already?
+    if event is Event.FAILED_BEFORE:  # a marked key: was the FAILURE stored?
+        return True
     if event is Event.FINISHED:  # a finished key (or unreadable): delivered yet, by whom?
         return view in (View.UNREAD, View.SAME_TASK_DONE, View.MINE_DONE, View.OTHER_TASK_DONE)
     return view is View.OTHER_TASK_DONE  # refused by a winner: did this task id return its result already?
@@ -252,8 +276,8 @@ def view_of(
 
     ``handoff`` is the token of the attempt that re-queued this copy (its message header), if any.
     ``claimant``: the owner of a run of ``fence_mode="commit"``, which has no token until its claim draws
-    one; the key's row names it once that claim committed (owners are unique per run). A key such a run's
-    task id ended FAILURE (a copy marked it dead with its run record) is that task id's ending too.
+    one; the key's row names it once that claim committed (owners are unique per run), and its FAILURE's
+    mark names it in the run record. A key another run of its task id marked failed is SAME_TASK_FAILED.
     """
     if state is None:
         return View.GONE
@@ -263,10 +287,16 @@ def view_of(
         return View.HANDED_OFF
     same = _task_id(state.run) == task_id
     if state.done or (claimant is not None and same and state.dead is not None):
-        return View.SAME_TASK_DONE if same else View.OTHER_TASK_DONE
+        return _ended(state, same)
     if state.expires_in is None:
         return View.FREE
     return View.SAME_TASK if same else View.OTHER_TASK
+
+
+def _ended(state: LeaseState, same: bool) -> View:
+    if not state.done:  # a fenced commit's FAILURE marked it
+        return View.SAME_TASK_FAILED
+    return View.SAME_TASK_DONE if same else View.OTHER_TASK_DONE
 
 
 def _is_mine(state: LeaseState, token: int, claimant: str | None) -> bool:

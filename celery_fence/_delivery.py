@@ -70,6 +70,7 @@ __all__ = [
     "derive_key",
     "key_spec",
     "lineage",
+    "non_negative_int",
     "positive_int",
     "resend_options",
     "run_info",
@@ -169,7 +170,7 @@ WAITING_SINCE = "fence_waiting_since"  # when a run first found the store unavai
 WAITS = "fence_waits"  # how many times it was sent again to wait the store out
 BUSY_SINCE = "fence_busy_since"  # when a run first found its key held by another task id (epoch s)
 LOOKS = "fence_looks"  # how many times a copy was sent again to look at a held key
-AWAITED = "fence_awaited"  # the finished token whose delivery (SUCCESS stored) a copy already waited for
+AWAITED = "fence_awaited"  # the token of a finished key whose ending a copy already waited to see stored
 RECOVERED = "fence_recovered"  # recovery's attempt number, on the message it sent again
 
 LINEAGE = (HANDOFF, RESENDS)
@@ -190,15 +191,16 @@ class Attempt:
     waits: int = 0
     busy_since: float | None = None
     looks: int = 0
-    awaited_token: int | None = None  # the finished token whose delivery a copy already waited for
+    awaited_token: int | None = None  # the token of a finished key whose ending a copy already waited for
     redelivered: bool = False  # the broker says it delivered this message before
     recovered: int | None = None  # recovery sent this message again (its attempt)
 
     @property
     def copy(self) -> bool:
         """A copy of an earlier delivery: redelivered by the broker, sent again by the fence or recovery."""
-        sent_again = (self.recovered, self.handoff, self.resends, self.waits, self.looks, self.awaited_token)
-        return self.redelivered or any(sent_again) or bool(self.busy_since)
+        sent_again = (self.recovered, self.handoff, self.resends, self.waits, self.looks)
+        awaited = self.awaited_token is not None  # a token, 0 for a key marked failed that never had one
+        return self.redelivered or awaited or any(sent_again) or bool(self.busy_since)
 
 
 def attempt_of(request: Any, name: str) -> Attempt:
@@ -214,7 +216,7 @@ def attempt_of(request: Any, name: str) -> Attempt:
         waits=positive_int(request, WAITS) or 0,
         busy_since=seconds(request, BUSY_SINCE),
         looks=positive_int(request, LOOKS) or 0,
-        awaited_token=positive_int(request, AWAITED),
+        awaited_token=non_negative_int(getattr(request, AWAITED, None)),
         redelivered=bool((request.delivery_info or {}).get("redelivered")),
         recovered=positive_int(request, RECOVERED),
     )
@@ -228,6 +230,11 @@ def run_name(attempt: Attempt) -> str:
 def lineage(headers: dict[str, Any] | None) -> dict[str, Any]:
     """``headers`` without the attempt's own (what every copy inherits)."""
     return {name: value for name, value in (headers or {}).items() if name not in ATTEMPT}
+
+
+def non_negative_int(value: Any) -> int | None:
+    """``value`` if it is an int >= 0 (a header holding a token, which is 0 for a key never leased)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def positive_int(request: Any, header: str) -> int | None:

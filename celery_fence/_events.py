@@ -21,7 +21,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ._delivery import AWAITED, LOOKS, RECOVERED, RESENDS, WAITS
+from ._delivery import AWAITED, LOOKS, RECOVERED, RESENDS, WAITS, non_negative_int
 from .config import FenceConfig
 
 __all__ = ["final_fields", "send_fence_event"]
@@ -78,8 +78,8 @@ def fence_story(headers: Mapping[str, Any]) -> str:
         parts.append(f"waited out an unavailable store {_times(count(WAITS))}")
     if count(LOOKS):
         parts.append(f"looked again at its held key {_times(count(LOOKS))}")
-    if count(AWAITED):
-        parts.append("waited for the finished run's result to be stored")
+    if non_negative_int(headers.get(AWAITED)) is not None:  # a token, 0 for a key that never had one
+        parts.append("waited for the finished run's ending to be stored")
     return "; ".join(parts)
 
 

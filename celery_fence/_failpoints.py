@@ -9,7 +9,8 @@ killed connection, a takeover) and removes the block file.
 
 Points: ``before-acquire``, ``after-acquire``, ``before-renew``, ``before-complete``, ``after-guard``
 (a fenced transaction checked and locked the lease row; the caller's writes come next), ``before-commit``
-(a SQL run's transaction is about to send its completion and commit; on PostgreSQL in one round trip).
+(a SQL run's transaction is about to send its completion and commit; on PostgreSQL in one round trip),
+``after-mark`` (a ``fence_mode="commit"`` run that failed marked its key, Celery has not stored the FAILURE).
 """
 
 from __future__ import annotations

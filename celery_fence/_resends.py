@@ -30,7 +30,7 @@ from ._delivery import (
 )
 from ._runtime import FenceRuntime
 from .config import FenceConfig
-from .errors import FenceError, GaveUp, LeaseHeld, StoreUnavailable
+from .errors import FailedBefore, FenceError, GaveUp, LeaseHeld, StoreUnavailable
 from .lease import Lease, LeaseState
 
 __all__ = ["Resends"]
@@ -74,14 +74,8 @@ class Resends:
 
     def unrun(self, action: Action, problem: FenceError | None, state: LeaseState | None) -> Ending:
         """End a run whose body did not run, as the table said (``state``: the key as last read)."""
-        if action is Action.AWAIT_DELIVERY:
-            assert state is not None
-            countdown = self.policy.await_countdown
-            log.info(
-                "fence: %s finds %s finished, not delivered yet: looks again in %.1fs",
-                self.name, self.key, countdown,
-            )
-            return self.send_again(countdown, {AWAITED: state.token})
+        if action in (Action.AWAIT_DELIVERY, Action.DELIVER_FAILURE):
+            return self.undelivered(action, problem, state)
         if action is Action.RETURN_STORED:
             token = state.token if state is not None else getattr(problem, "token", 0)
             self.host.report("duplicate", self.key, token, reason="done")
@@ -102,6 +96,22 @@ class Resends:
         if state is not None and state.owner:  # name the holder, its task id too
             problem = LeaseHeld(self.key, holder_of(state), problem.expires_in)
         return self.busy(problem)
+
+    def undelivered(self, action: Action, problem: FenceError | None, state: LeaseState | None) -> Ending:
+        """A run of this task id ended the key and its ending is not stored yet: wait a ttl for it, then
+        (``DELIVER_FAILURE``) end with the FAILURE that run marked and never delivered."""
+        if action is Action.DELIVER_FAILURE:  # the marking run's worker stopped before Celery stored it
+            assert isinstance(problem, FailedBefore), action
+            log.warning("fence: %s ends with the FAILURE an earlier run of it never delivered", self.name)
+            self.host.report("duplicate", self.key, problem.token, reason="failed")
+            return Ending.raising(problem)
+        token = state.token if state is not None else getattr(problem, "token", 0)
+        countdown = self.policy.await_countdown
+        log.info(
+            "fence: %s finds %s ended, not delivered yet: looks again in %.1fs", self.name, self.key,
+            countdown,
+        )
+        return self.send_again(countdown, {AWAITED: token})
 
     def busy(self, held: LeaseHeld) -> Ending:
         """Another task id holds the key: ``fence_on_busy`` decides. "retry" looks again (sooner than the

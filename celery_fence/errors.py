@@ -12,6 +12,7 @@ redis-py, HTTP) are translated at one boundary per store and chained with ``rais
     ├── TokenRewound                      the store's token counter is behind a token it issued (failover)
     ├── LeaseHeld                         a live lease on the key is held by another run
     ├── AlreadyDone                       the key finished; ``.result`` holds its stored result
+    ├── FailedBefore                      this task id ended FAILURE before (``fence_mode="commit"``)
     ├── LeaseLost                         this run's lease was lost (renew refused or local deadline passed)
     ├── StaleToken                        a write carried a token that is no longer current: refused
     └── GaveUp                            the fence stopped sending a run again (``fence_max_resends``)
@@ -24,6 +25,7 @@ from typing import Any
 __all__ = [
     "AlreadyDone",
     "ConfigurationError",
+    "FailedBefore",
     "FenceError",
     "GaveUp",
     "InvalidArgument",
@@ -102,6 +104,22 @@ class AlreadyDone(_WithFields):
 
     def message(self) -> str:
         return f"key {self.key!r} was completed with token {self.token}"
+
+
+class FailedBefore(_WithFields):
+    """A run of this task id ended ``FAILURE`` on ``key`` and marked it so (``fence_mode="commit"``), with
+    ``reason``; ``token`` is the key's. Raised by a store to a copy of that task id that meets the mark, and
+    the ``FAILURE`` such a copy ends with when the run that marked it stopped before Celery stored its own."""
+
+    def __init__(self, key: str, token: int, reason: str) -> None:
+        self.key, self.token, self.reason = key, token, reason
+        super().__init__(key, token, reason)
+
+    def message(self) -> str:
+        return (
+            f"key {self.key!r}: this task id ended FAILURE in an earlier run ({self.reason}); a copy of it "
+            "runs nothing and ends the same way: send a new task to run it again"
+        )
 
 
 class LeaseLost(_WithFields):

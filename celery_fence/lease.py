@@ -11,6 +11,7 @@ import os
 import secrets
 import socket
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from ._process import forget_in_child
 from .errors import ConfigurationError, InvalidArgument
 
 __all__ = [
+    "ENDED_BY",
     "MAX_KEY_LENGTH",
     "MAX_SECONDS",
     "MAX_TOKEN",
@@ -27,6 +29,7 @@ __all__ = [
     "LeasePolicy",
     "LeaseState",
     "OwnerNames",
+    "marking_task_id",
     "new_owner",
     "recovery_backoff",
     "validate_key",
@@ -95,6 +98,17 @@ class Abandoned:
     run: dict[str, Any] | None
     recoveries: int  # recovery copies that started and were lost
     sent: int = 0  # recovery copies sent that have not started (yet): they count for nothing
+
+
+# In the run record of a key that a run of fence_mode="commit" marked failed (``strand``, its FAILURE): that
+# run's owner.
+ENDED_BY = "fence_ended_by"
+
+
+def marking_task_id(run: Mapping[str, Any] | None) -> str | None:
+    """The task id of ``run`` if it is a fenced commit's FAILURE mark (it names ``ENDED_BY``), else ``None``:
+    such a mark is not made on a key a run of its task id marked before (one ending per task id)."""
+    return run.get("id") if run and ENDED_BY in run else None
 
 
 # After the n-th recovery copy that has not started, recovery waits this many graces before judging the

@@ -32,6 +32,7 @@ from .config import FenceConfig
 from .errors import (
     AlreadyDone,
     ConfigurationError,
+    FailedBefore,
     FenceError,
     LeaseHeld,
     LeaseLost,
@@ -141,6 +142,8 @@ class Run:
                 return Facts(Event.ACQUIRED), lease, sent_at, None
             except AlreadyDone as done:
                 return Facts(Event.FINISHED), None, sent_at, done
+            except FailedBefore as failed:  # fence_mode="commit": this task id's FAILURE marked the key
+                return Facts(Event.FAILED_BEFORE), None, sent_at, failed
             except LeaseHeld as held:
                 return Facts(Event.HELD), None, sent_at, held
             except StoreUnavailable as exc:
@@ -151,7 +154,9 @@ class Run:
 
     def _begin_commit(self, owner: str) -> Lease:
         """``fence_mode="commit"``'s acquire: no lease, the run's transaction opened with a read of the key
-        (a finished or leased key refuses it as an acquire would)."""
+        (a finished or leased key refuses it as an acquire would). From here the run is known by ``owner``
+        (its token is 0 until its claim draws one)."""
+        self.claimant = owner
         self.opened = self._commit_store().begin_commit(self.key, owner, self.policy.ttl, self.run_info)
         return Lease(self.key, 0, owner)
 
@@ -166,7 +171,6 @@ class Run:
     def _run(self, lease: Lease, sent_at: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ending:
         runtime = self.runtime
         if self.committing:  # no lease to renew: the claim at the end is the fence
-            self.claimant = lease.owner
             store = cast(CommitStore, self.store)  # its capability was checked by _begin_commit
             mode = CommitMode(store, self.policy.ttl, self.run_info)
             fence = Fence(self.store, lease, None, self.policy.ttl, self.clock, mode, self.opened)
@@ -203,30 +207,25 @@ class Run:
             return self._end(decide(Facts(Event.BODY_UNKNOWN)), fence, None, self.policy.interval, cause=exc)
         except BaseException as exc:
             event = body_event(exc)
-            marked = None
-            if self.claimant and event in (Event.RAISED, Event.INTERRUPTED):
-                marked = self._ends_first(fence, exc)
-                if marked:
-                    return self._end(Action.FAIL, fence, None, cause=exc)
-            action = self._decide(Facts(event), fence.token)
-            if marked is None and self.claimant and action is Action.REQUEUE:
-                # The mark's outcome and the key are both unknown. Sent again, a copy would meet the mark
-                # if it landed, and end quietly with no ending stored: this FAILURE is the ending.
-                action = Action.FAIL
+            failed = bool(self.claimant) and event in (Event.RAISED, Event.INTERRUPTED)
+            marked = failed and self._marks(fence, exc)
+            action = self._decide(Facts(event, marked=marked), fence.token)
             return self._end(action, fence, None, cause=exc)
         return self._complete(fence, result)
 
-    def _ends_first(self, fence: Fence, exc: BaseException) -> bool | None:
-        """``fence_mode="commit"``: whether this run's FAILURE is its task id's ending. It marks the key ended
-        (``strand``: a free key only), so the claim of a copy of this task id running beside it is refused
-        from now on. ``False``: a copy claimed the key first; ``None``: the store did not answer. Then the
-        read decides (a copy's committed claim makes this run's ending that copy's)."""
+    def _marks(self, fence: Fence, exc: BaseException) -> bool:
+        """``fence_mode="commit"``: mark the key failed by this run (``strand``: a free key not marked by
+        this task id yet), so that the claim of a copy of this task id running beside it is refused from
+        now on, and a copy sent later ends with this FAILURE. ``False``: a copy claimed or marked the key
+        first, or the store did not answer; then the read decides."""
         fence.abort()  # first: on SQLite this run's transaction holds the write lock that the mark needs
         reason = f"{self.name} ended FAILURE ({type(exc).__name__})"
         # The mark names this run, so a read after a mark whose reply was lost knows it for its own.
         marked = {**(self.run_info or {}), ENDED_BY: self.claimant}
-        answer = quietly(self.store.strand, self.key, marked, reason)
-        return None if answer is None else bool(answer)
+        answer = bool(quietly(self.store.strand, self.key, marked, reason))
+        if _failpoints.armed:
+            _failpoints.failpoint("after-mark")
+        return answer
 
     def _hooks(self, fence: Fence) -> tuple[OnLost, OnRenewed]:
         def on_lost(lost: Lease, reason: str) -> None:  # the renewer's thread

@@ -167,6 +167,11 @@ class RecoveryStore(Protocol):
         token, no owner, ``reason``). Returns ``False``, changing nothing, for a finished key or one under a
         lease, live or expired (an expired one is recovery's). The next acquire clears ``dead``, as it does
         after recovery gave up.
+
+        A fenced commit's FAILURE marks the key this way too (``run`` names ``ENDED_BY``,
+        :func:`celery_fence.lease.marking_task_id`); such a mark also returns ``False`` on a key that a run
+        of its task id marked before, so one task id ends once. Only stores declaring ``fenced_commit``
+        are asked for such a mark.
         """
 
 
@@ -244,9 +249,10 @@ class CommitStore(Protocol):
         self, key: str, owner: str, ttl: float, run: Mapping[str, Any] | None = None
     ) -> RunTransactionHandle:
         """Open the run's transaction with a read of the key (idle for ``ttl`` at most, where the server
-        can end it: PostgreSQL): ``AlreadyDone`` (the key is finished) or
-        ``LeaseHeld`` (a lease holds it), nothing begun. Its ``complete(result)`` claims the key and
-        commits: ``StaleToken`` (recorded, nothing committed) when another run finished or leased it."""
+        can end it: PostgreSQL): ``AlreadyDone`` (the key is finished), ``LeaseHeld`` (a lease holds it) or
+        ``FailedBefore`` (a run of ``run``'s task id marked it failed: ``strand``), nothing begun. Its
+        ``complete(result)`` claims the key and commits: ``StaleToken`` (recorded, nothing committed) when
+        another run finished, leased or so marked it."""
 
     def claim(self, key: str, owner: str, result: Any, run: Mapping[str, Any] | None = None) -> int:
         """The claim on its own, with no transaction around it: the key done with ``result``; its token."""

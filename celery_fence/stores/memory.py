@@ -14,8 +14,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from .. import codec
-from ..errors import AlreadyDone, InvalidArgument, LeaseHeld, StaleToken, StoreUnavailable, UsageError
-from ..lease import MAX_TOKEN, Abandoned, HistoryEvent, Lease, LeaseState
+from ..errors import (
+    AlreadyDone,
+    FailedBefore,
+    InvalidArgument,
+    LeaseHeld,
+    StaleToken,
+    StoreUnavailable,
+    UsageError,
+)
+from ..lease import MAX_TOKEN, Abandoned, HistoryEvent, Lease, LeaseState, marking_task_id
 from .base import out_of_tokens, past_the_range
 from .capabilities import Capabilities
 from .memory_rows import Row, is_abandoned, lease_state
@@ -187,6 +195,8 @@ class MemoryStore:
             row = self._rows.get(key)
             if row is not None and (row.done or row.expires_at is not None):
                 return False  # finished, or leased (an expired lease is recovery's)
+            if row is not None and marking_task_id(run) is not None and _ended_by_a_copy(row, run):
+                return False  # a fenced commit's FAILURE: a run of its task id marked it first
             row = self._rows[key] = row or Row(0, None, None)  # a new key: no token issued
             row.owner, row.run = None, run_text
             self._mark_dead(key, row, "gave-up", reason, self.clock())
@@ -203,6 +213,8 @@ class MemoryStore:
                 raise AlreadyDone(key, row.token, codec.loads(row.result))
             if row is not None and row.expires_at is not None and row.expires_at > self.clock():
                 raise LeaseHeld(key, row.owner, row.expires_at - self.clock())
+            if row is not None and row.dead is not None and _ended_by_a_copy(row, run):
+                raise FailedBefore(key, row.token, row.dead)
         return MemoryCommit(self, Lease(key, 0, owner), run)
 
     def claim(self, key: str, owner: str, result: Any, run: Mapping[str, Any] | None = None) -> int:

@@ -16,7 +16,7 @@ from celery_fence import FencedTask
 
 from .fenced_app import INSERT, MARKS, app, mark
 
-__all__ = ["app", "chaos_commit", "commit_write", "commit_write_unrejected"]
+__all__ = ["app", "chaos_commit", "commit_write", "commit_write_then_fail", "commit_write_unrejected"]
 COMMIT = {"base": FencedTask, "bind": True, "fence_key": "commit:{item}", "fence_mode": "commit"}
 
 
@@ -43,6 +43,13 @@ def commit_write(self: Any, item: str) -> dict[str, Any]:
 def commit_write_unrejected(self: Any, item: str) -> dict[str, Any]:
     """Without ``reject_on_worker_lost``: Celery's default decides what becomes of a lost run's message."""
     return _write(self, item)
+
+
+@app.task(name="commit_app.commit_write_then_fail", shared=False, **COMMIT)
+def commit_write_then_fail(self: Any, item: str) -> dict[str, Any]:
+    """Writes as ``commit_write`` does, then raises: the run ends FAILURE, and nothing of it commits."""
+    _write(self, item)
+    raise RuntimeError(f"{item}: failed after its write")
 
 
 @app.task(name="commit_app.chaos_commit", base=FencedTask, bind=True, fence_mode="commit", shared=False)

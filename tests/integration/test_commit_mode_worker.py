@@ -29,7 +29,7 @@ import redis
 from celery_fence._failpoints import ENV as FAILPOINTS
 from celery_fence.testing import assert_history_clean
 
-from .commit_app import commit_write, commit_write_unrejected
+from .commit_app import commit_write, commit_write_then_fail, commit_write_unrejected
 from .workers import Worker, marks, wait_for
 from .world import Cluster, on_rabbitmq
 
@@ -137,6 +137,35 @@ def test_a_pool_process_killed_before_its_claim_leaves_no_write_and_the_redelive
     assert result.state == "SUCCESS"
     assert _logged(cluster, commit_write, result.id, "received") == 2
     assert _logged(cluster, commit_write, result.id, "succeeded") == 1
+
+
+@pytest.mark.parametrize("cluster", SQL, indirect=True)
+def test_a_pool_process_killed_between_its_failures_mark_and_its_failure_ends_failure_once(
+    cluster: Cluster,
+) -> None:
+    """A run that fails first marks its key failed by its task id (one ending per task id), then Celery stores
+    the FAILURE. SIGKILL the pool process in between: nothing is stored. The broker's redelivery meets the
+    mark before its body, finds no FAILURE stored, looks again a ttl later (the failed run may still be
+    storing it), and then ends FAILURE with ``FailedBefore``: the body ran once, nothing of it committed, and
+    the task id ends once, not PENDING for ever."""
+    _worker(cluster, "a")
+    item = uuid.uuid4().hex[:12]
+    key, block = f"commit:{item}", _hold(cluster, "after-mark")
+    result = commit_write_then_fail.apply_async((item,))
+    (pid,) = wait_for(lambda: _reached(cluster, "after-mark"), 30, "the FAILURE's mark")
+    os.kill(pid, signal.SIGKILL)
+    block.unlink()
+    wait_for(lambda: result.state == "FAILURE", 60, "the FAILURE, ended by the redelivery")
+    assert type(result.result).__name__ == "FailedBefore", result.result
+    assert "ended FAILURE (RuntimeError)" in str(result.result)
+    assert [p for p, _ in marks(cluster.workdir, result.id, "started")] == [pid]  # the body ran once
+    assert _visible(cluster, key) == []
+    state = cluster.store.get(key)
+    assert state is not None and not state.done and "ended FAILURE (RuntimeError)" in (state.dead or "")
+    assert [event for event, _ in cluster.events(key)] == ["gave-up"]
+    raised = lambda: _logged(cluster, commit_write_then_fail, result.id, "raised")  # noqa: E731
+    wait_for(raised, 30, "the FAILURE in the log")
+    assert raised() == 1  # the redelivery's, alone
 
 
 @pytest.mark.parametrize("cluster", [{"store": "postgresql"}], indirect=True)

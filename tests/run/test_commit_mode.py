@@ -14,7 +14,7 @@ from celery import Celery
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
-from celery_fence import FencedTask, StoreUnavailable, UsageError
+from celery_fence import FailedBefore, FencedTask, StoreUnavailable, UsageError
 from celery_fence.stores.sql.statements import LeaseStatements
 from celery_fence.verify import verify
 from tests.support.inprocess import eager_app
@@ -76,7 +76,8 @@ def test_a_failed_run_leaves_no_write_and_its_task_id_ends_there_another_task_id
     app: Celery, store: Any
 ) -> None:
     """A FAILURE marks the key ended for its task id (a copy of it running beside it can no longer claim
-    the key: one ending per task id); the key stays free for another task id."""
+    the key: one ending per task id), and a copy of it sent later runs nothing and ends with that FAILURE
+    (apply() has no result backend to wait for); the key stays free for another task id."""
     fail = {"after": True}
 
     @app.task(base=FencedTask, bind=True, shared=False, fence_key="order:o-2", fence_mode="commit")
@@ -92,12 +93,13 @@ def test_a_failed_run_leaves_no_write_and_its_task_id_ends_there_another_task_id
     state = store.get("order:o-2")
     assert rows(store) == {} and not state.done and state.dead and "ended FAILURE" in state.dead
     fail["after"] = False
-    assert ship.apply(task_id="ship-2").state == "IGNORED"  # a late copy of the failed task id: no SUCCESS
-    assert rows(store) == {}
+    late = ship.apply(task_id="ship-2")  # a late copy of the failed task id: no SUCCESS, no body
+    assert late.failed() and isinstance(late.result, FailedBefore), late.result
+    assert late.result.reason == state.dead and rows(store) == {}
     assert ship.apply(task_id="ship-2b").get() == "shipped"  # another task id: the key is free for it
     assert rows(store) == {"o-2-ship-2b": "ship-2b"}
     events = [(e.event, e.detail) for e in store.history("order:o-2")]
-    assert [event for event, _ in events] == ["gave-up", "refused", "commit"], events
+    assert [event for event, _ in events] == ["gave-up", "commit"], events
     assert verify(store.history()) == []
 
 

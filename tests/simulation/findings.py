@@ -141,4 +141,13 @@ FINDINGS: dict[str, tuple[str, list[tuple[str, Any]]]] = {
         [("action", "duplicate"), ("body op", "nested"), ("nested delivery", _queued), ("body op", "raise"),
          ("body op", "return"), END],
     ),
+    # fence_mode="commit" (found by its soak, sqlite_commit:0.0.0.2.0.6.25.28.0.0, fixed): the FAILURE's mark
+    # landed (its reply lost) and the worker died before Celery stored the FAILURE; the redelivered message
+    # ran its body again and its claim was refused by the mark, so it ended quietly and the task id stayed
+    # PENDING. Now a copy meets the mark before its body (FailedBefore), waits a ttl for the FAILURE to be
+    # stored, then ends with it.
+    "C2 a failed run's worker dies between its mark and its FAILURE": (
+        "sqlite_commit",
+        [DELIVER, ("body op", "raise"), ("strand outcome", "lost"), ("get outcome", "die"), END],
+    ),
 }

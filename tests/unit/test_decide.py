@@ -12,7 +12,7 @@ import itertools
 import pytest
 
 from celery_fence._decide import Action, Event, Facts, View, asks_backend, decide, holder_of, view_of
-from celery_fence.lease import LeaseState
+from celery_fence.lease import ENDED_BY, LeaseState
 
 # After the body: the events whose meaning depends on the key's state (BODY_UNKNOWN never does: nothing of a
 # failed transaction committed, so it always runs again and the copy reads the key).
@@ -26,7 +26,7 @@ BODY_OR_LATER = {
 # after a read: a stale run whose task id a copy carries on leaves the ending to that copy.
 BODY_ENDINGS = {Event.RAISED, Event.RETRIED, Event.REJECTED, Event.IGNORED, Event.INTERRUPTED}
 FAILURES = {Event.RAISED, Event.INTERRUPTED}
-COPY_OF_THIS_TASK = {View.SAME_TASK, View.SAME_TASK_DONE}
+COPY_OF_THIS_TASK = {View.SAME_TASK, View.SAME_TASK_DONE, View.SAME_TASK_FAILED}
 WITHOUT_READ = (BODY_ENDINGS - FAILURES) | {
     Event.ACQUIRED,
     Event.ACQUIRE_UNKNOWN,
@@ -45,15 +45,15 @@ REFUSALS = {
     Action.REFUSE_WINNER,
     Action.REFUSE_SUPERSEDED,
 }
-FLAGS = list(itertools.product([False, True], repeat=5))
+FLAGS = list(itertools.product([False, True], repeat=6))
 
 
 def every_facts() -> list[Facts]:
     return [
-        Facts(event, view, joined, delivered, deadline, read_failed, wait_over)
+        Facts(event, view, joined, delivered, deadline, read_failed, wait_over, marked)
         for event in Event
         for view in View
-        for joined, delivered, deadline, read_failed, wait_over in FLAGS
+        for joined, delivered, deadline, read_failed, wait_over, marked in FLAGS
     ]
 
 
@@ -67,7 +67,8 @@ def test_the_table_is_total() -> None:
 
 def test_a_run_reads_the_key_before_it_judges_an_ambiguous_outcome() -> None:
     for facts in ALL:
-        needs_read = facts.event not in WITHOUT_READ
+        marked_failure = facts.marked and facts.event in FAILURES  # its own mark decides: no read
+        needs_read = facts.event not in WITHOUT_READ and not marked_failure
         if needs_read and facts.view is View.UNREAD and not facts.read_failed:
             assert decide(facts) is Action.READ, facts
 
@@ -117,10 +118,13 @@ def test_the_bodys_own_endings_take_celerys_course() -> None:
     """Raised, retried, rejected, ignored or interrupted: release, and let Celery do what it does; but a
     FAILURE of a stale run whose task id a copy carries on (holds or finished the key) is absorbed, or both
     branches of the canvas would run (the simulation's soak found it); and one whose key cannot be read is
-    sent again, so that a copy finds out whether a copy of it committed (N11)."""
+    sent again, so that a copy finds out whether a copy of it committed (N11). A fenced commit's FAILURE
+    that marked the key is the task id's ending whatever the key shows."""
     for facts in ALL:
         read = facts.view is not View.UNREAD or facts.read_failed
-        if facts.event in BODY_ENDINGS and (facts.event not in FAILURES or read):
+        if facts.event in FAILURES and facts.marked:
+            assert decide(facts) is Action.FAIL, facts
+        elif facts.event in BODY_ENDINGS and (facts.event not in FAILURES or read):
             copy = facts.event in FAILURES and (facts.view in COPY_OF_THIS_TASK or facts.delivered)
             unknown = facts.event in FAILURES and facts.view is View.UNREAD
             expected = Action.ABSORB if copy else Action.REQUEUE if unknown else Action.FAIL
@@ -153,6 +157,7 @@ def test_a_refusal_is_only_ever_about_someone_else() -> None:
             assert facts.view in {
                 View.SAME_TASK,
                 View.SAME_TASK_DONE,
+                View.SAME_TASK_FAILED,
                 View.OTHER_TASK,
                 View.OTHER_TASK_DONE,
             }, facts
@@ -184,8 +189,30 @@ def test_a_copy_waits_a_ttl_for_a_finished_run_to_deliver_before_it_delivers_for
         assert decide(Facts(Event.FINISHED, view, wait_over=True)) is Action.RETURN_STORED
     for facts in ALL:
         if decide(facts) is Action.AWAIT_DELIVERY:
-            assert facts.event is Event.FINISHED and not facts.delivered and not facts.wait_over, facts
+            waits = facts.event in (Event.FINISHED, Event.FAILED_BEFORE)
+            assert waits and not facts.delivered and not facts.wait_over, facts
     assert decide(Facts(Event.FINISHED, View.OTHER_TASK_DONE)) is Action.RETURN_STORED
+
+
+def test_a_copy_that_meets_its_task_ids_failure_mark_waits_then_delivers_that_failure() -> None:
+    """fence_mode="commit": a run that ended FAILURE marked the key, then Celery stores the FAILURE. A copy
+    sent later (a redelivery of that very run's message when its worker stopped in between) absorbs itself
+    once the FAILURE is stored, looks again a ttl later while it is not, and then ends with that FAILURE:
+    never quietly with no ending stored (the soak's PENDING task), never by running the body again."""
+    for view in (View.SAME_TASK_FAILED, View.UNREAD):
+        read_failed = view is View.UNREAD
+        assert decide(Facts(Event.FAILED_BEFORE, view, read_failed=read_failed)) is Action.AWAIT_DELIVERY
+        assert decide(Facts(Event.FAILED_BEFORE, view, read_failed=read_failed, wait_over=True)) is (
+            Action.DELIVER_FAILURE
+        )
+    for facts in ALL:
+        action = decide(facts)
+        if action is Action.DELIVER_FAILURE:
+            assert facts.event is Event.FAILED_BEFORE and not facts.delivered and facts.wait_over, facts
+        if facts.event is Event.FAILED_BEFORE and facts.delivered:
+            assert action in (Action.ABSORB, Action.READ), facts
+        if facts.event is Event.FAILED_BEFORE:
+            assert action not in (Action.RUN, Action.SUCCEED, Action.RETURN_STORED), facts
 
 
 @pytest.mark.parametrize(
@@ -219,6 +246,13 @@ def test_a_copy_waits_a_ttl_for_a_finished_run_to_deliver_before_it_delivers_for
         (Facts(Event.COMPLETE_INTERRUPTED, read_failed=True), Action.REQUEUE),
         (Facts(Event.COMPLETED_INTERRUPTED), Action.SUCCEED),
         (Facts(Event.ENDED_BEFORE), Action.END_UNRUN),  # finding 4
+        # fence_mode="commit": the FAILURE that marked the key ends the task id; a copy beside it is quiet
+        (Facts(Event.RAISED, marked=True), Action.FAIL),
+        (Facts(Event.INTERRUPTED, View.SAME_TASK_DONE, marked=True), Action.FAIL),
+        (Facts(Event.RAISED, View.SAME_TASK_FAILED), Action.ABSORB),  # another copy's mark came first
+        (Facts(Event.COMPLETE_REFUSED, View.SAME_TASK_FAILED), Action.REFUSE_IGNORE),
+        (Facts(Event.FAILED_BEFORE), Action.READ),
+        (Facts(Event.FAILED_BEFORE, View.FREE), Action.ACQUIRE_AGAIN),  # changed since the begin
     ],
 )
 def test_each_named_event_and_view_decides_its_action(facts: Facts, action: Action) -> None:
@@ -250,6 +284,27 @@ def test_the_lease_state_read_is_seen_as_its_view_for_this_run(seen: LeaseState 
     assert view_of(seen, token=5, task_id="t", handoff=4) is view
 
 
+def marked(by: str, task: str = "t") -> LeaseState:
+    """A key a fenced commit's FAILURE marked (``strand``): dead, free, its run record naming the run."""
+    return LeaseState("k", 0, None, None, False, None, "t ended FAILURE", run={"id": task, ENDED_BY: by})
+
+
+@pytest.mark.parametrize(
+    ("seen", "view"),
+    [
+        (marked(by="me"), View.MINE_FREE),  # its own mark, whose reply was lost
+        (marked(by="copy"), View.SAME_TASK_FAILED),
+        (marked(by="copy", task="other"), View.FREE),  # another task id's FAILURE ends nothing of ours
+        (LeaseState("k", 7, "me", None, True, 1, None, run={"id": "t"}), View.MINE_DONE),  # its claim
+        (LeaseState("k", 7, "copy", None, True, 1, None, run={"id": "t"}), View.SAME_TASK_DONE),
+    ],
+)
+def test_a_fenced_commits_run_knows_its_claim_and_its_mark_by_its_owner(seen: LeaseState, view: View) -> None:
+    assert view_of(seen, token=0, task_id="t", claimant="me") is view
+    if view is View.SAME_TASK_FAILED:  # a lease mode run does not read a mark so
+        assert view_of(seen, token=9, task_id="t") is View.FREE
+
+
 def test_only_the_slow_paths_ask_the_result_backend() -> None:
     """The backend is read for a finished key (or one that cannot be read), a refusal by a winner of
     another task id, and a failure on a key that is no longer this run's nor a copy's; never on a plain
@@ -261,6 +316,7 @@ def test_only_the_slow_paths_ask_the_result_backend() -> None:
     expected |= {(Event.FINISHED, view) for view in
                  (View.UNREAD, View.SAME_TASK_DONE, View.MINE_DONE, View.OTHER_TASK_DONE)}
     expected |= {(event, View.OTHER_TASK_DONE) for event in Event}
+    expected |= {(Event.FAILED_BEFORE, view) for view in View}  # a mark: was its FAILURE stored?
     assert {(event, view) for event in Event for view in View if asks_backend(event, view)} == expected
 
 

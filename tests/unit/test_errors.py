@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import inspect
+import pickle
 import re
 
 import pytest
@@ -13,6 +14,7 @@ from celery_fence import errors
 from celery_fence.errors import (
     AlreadyDone,
     ConfigurationError,
+    FailedBefore,
     FenceError,
     InvalidArgument,
     LeaseHeld,
@@ -76,6 +78,18 @@ def test_already_done_fields_and_message() -> None:
     exc = AlreadyDone("k", 4, {"total": 3})
     assert (exc.key, exc.token, exc.result) == ("k", 4, {"total": 3})
     assert str(exc) == "key 'k' was completed with token 4"
+
+
+def test_failed_before_fields_and_message_and_it_survives_celerys_transport() -> None:
+    exc = FailedBefore("k", 0, "shop.ship[t-1] ended FAILURE (RuntimeError)")
+    assert (exc.key, exc.token, exc.reason) == ("k", 0, "shop.ship[t-1] ended FAILURE (RuntimeError)")
+    assert str(exc) == (
+        "key 'k': this task id ended FAILURE in an earlier run "
+        "(shop.ship[t-1] ended FAILURE (RuntimeError)); a copy of it runs nothing and ends the same way: "
+        "send a new task to run it again"
+    )
+    again = pickle.loads(pickle.dumps(exc))
+    assert (type(again), again.args, str(again)) == (FailedBefore, exc.args, str(exc))
 
 
 def test_lease_lost_fields_and_message() -> None:

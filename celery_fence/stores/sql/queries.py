@@ -255,7 +255,8 @@ def queries_for(dialect_name: str) -> Queries:
             WHERE key = :key AND token = :token AND recoveries = :seen AND recovery_sent = :sent
               AND {_abandoned(d.now, grace="0")}
             RETURNING recoveries, dead"""),
-        # Only a free key (new, or not done and not leased) is marked; a new one gets no token (0).
+        # Only a free key (new, or not done and not leased) is marked; a new one gets no token (0). A fenced
+        # commit's FAILURE (:mark_task_id, its task id) does not mark a key a run of its task id marked.
         strand=text(f"""
             {d.probe}
             INSERT INTO fence_leases
@@ -266,5 +267,6 @@ def queries_for(dialect_name: str) -> Queries:
               owner = NULL, run = excluded.run, dead = excluded.dead, event = 'gave-up',
               detail = excluded.detail
             WHERE NOT fence_leases.done AND fence_leases.expires_at IS NULL
+              AND NOT COALESCE(fence_leases.dead IS NOT NULL AND {d.run_id} = :mark_task_id, false)
             RETURNING token"""),
     )

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ... import codec
-from ...lease import Abandoned
+from ...lease import Abandoned, marking_task_id
 from .driver import Connections
 from .errors import RowLocked
 
@@ -48,7 +48,8 @@ class SQLRecovery:
         return 0 if row.dead is not None else int(row.recoveries) + 1
 
     def strand(self, key: str, run: Mapping[str, Any] | None, reason: str) -> bool:
-        params = {"key": key, "run": codec.dumps_mapping(run, self.max_value_bytes), "reason": reason}
+        params = {"key": key, "run": codec.dumps_mapping(run, self.max_value_bytes), "reason": reason,
+                  "mark_task_id": marking_task_id(run)}
         try:
             with self.connections.one() as conn:
                 return conn.execute(self.queries.strand, params).first() is not None

@@ -207,7 +207,8 @@ class CommitTransaction(RunTransaction):
             self.close()
 
     def _guard(self, conn: Connection, ttl: float, step: str | None) -> bool:
-        """The transaction's first statement: a read of the key (``AlreadyDone``, ``LeaseHeld``: the run
-        does not start)."""
-        self.statements.open_read(conn, self.lease.key, ttl, self.OWN_CONNECTION)
+        """The transaction's first statement: a read of the key (``AlreadyDone``, ``LeaseHeld``,
+        ``FailedBefore``: the run does not start)."""
+        task_id = (self.run or {}).get("id")
+        self.statements.open_read(conn, self.lease.key, ttl, self.OWN_CONNECTION, task_id)
         return True

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 from sqlalchemy import Connection, Row
 
 from ... import codec
-from ...errors import AlreadyDone, LeaseHeld, StaleToken
+from ...errors import AlreadyDone, FailedBefore, LeaseHeld, StaleToken
 from ...lease import Lease, LeaseState
 from .driver import Connections, compiled, in_one_round_trip, translate_errors
 from .errors import Unchanged, safe_url
@@ -82,11 +82,14 @@ class LeaseStatements:
         params["idle_ms"] = idle_ms
         return self.first(conn, "open_guard", params, with_begin) is not None
 
-    def open_read(self, conn: Connection, key: str, ttl: float, with_begin: bool) -> None:
+    def open_read(
+        self, conn: Connection, key: str, ttl: float, with_begin: bool, task_id: str | None
+    ) -> None:
         """A fenced commit's first statement: read the key in ``conn``'s transaction, and raise
-        ``AlreadyDone`` or ``LeaseHeld`` if it is finished or leased. A paused run blocks a copy's claim (its
-        row lock) for one ttl at most where the server can end it (PostgreSQL), as a lease mode run blocks
-        a takeover. ``with_begin``: as for :meth:`guard`."""
+        ``AlreadyDone`` or ``LeaseHeld`` if it is finished or leased, ``FailedBefore`` if a run of
+        ``task_id`` marked it failed. A paused run blocks a copy's claim (its row lock) for one ttl at most
+        where the server can end it (PostgreSQL), as a lease mode run blocks a takeover. ``with_begin``: as
+        for :meth:`guard`."""
         row = self.first(conn, "open_read", {"key": key, "idle_ms": max(1, int(ttl * 1000))}, with_begin)
         if row is None or row.key is None:
             return
@@ -95,6 +98,8 @@ class LeaseStatements:
             raise AlreadyDone(state.key, state.token, state.result)
         if state.expires_in is not None and state.expires_in > 0:
             raise LeaseHeld(state.key, state.owner, state.expires_in)
+        if state.dead is not None and task_id is not None and (state.run or {}).get("id") == task_id:
+            raise FailedBefore(state.key, state.token, state.dead)
 
     def refuse(self, lease: Lease, what: str) -> NoReturn:
         """Record the refusal of ``what`` in its own statement, then raise ``StaleToken`` with the current

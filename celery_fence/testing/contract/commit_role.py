@@ -1,9 +1,10 @@
 """The store contract, fenced commit role (``CommitStore``: ``fence_mode="commit"``, docs/commit-mode.md).
 
 ``begin_commit`` opens a run's transaction with a read of the key: a finished key refuses it with
-``AlreadyDone`` (the stored result), a live lease with ``LeaseHeld``; a new key, an expired or released
-lease, or a stranded key opens. The handle's ``complete(result)`` claims the key: done with the result, a
-token above every token issued before, a ``commit`` event. A claim on a key done meanwhile raises
+``AlreadyDone`` (the stored result), a live lease with ``LeaseHeld``, a key a run of the same task id
+marked failed with ``FailedBefore``; a new key, an expired or released lease, or another stranded key
+opens. The handle's ``complete(result)`` claims the key: done with the result, a token above every token
+issued before, a ``commit`` event. A claim on a key done meanwhile raises
 ``StaleToken`` (recorded as ``refused``, detail ``commit``) and commits nothing. (That the writes of a
 refused handle's ``block()`` roll back with it needs a SQL database: celery-fence tests it on its SQL
 stores, apart from this suite.) A store that declares no fenced commit (``fenced_commit="no"``: Redis,
@@ -16,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from celery_fence import AlreadyDone, LeaseHeld, StaleToken
+from celery_fence import AlreadyDone, FailedBefore, LeaseHeld, StaleToken
+from celery_fence.lease import ENDED_BY
 from celery_fence.stores.base import AuditStore, CommitStore, RecoveryStore, lacking
 from celery_fence.stores.capabilities import capabilities_of
 from celery_fence.verify import verify
@@ -120,21 +122,33 @@ def test_a_key_stranded_by_another_task_id_opens_and_the_claim_clears_dead(fence
     assert verify(store.history()) == []
 
 
-def test_a_key_stranded_by_the_claims_own_task_id_refuses_it(fence_contract_store: Any) -> None:
-    """A run of this task id ended (FAILURE, or it gave up) and marked the key with its run record: a copy
-    of the same task id claims nothing after it (one ending per task id); the refusal is recorded."""
+def test_a_key_marked_failed_by_the_claims_own_task_id_refuses_it(fence_contract_store: Any) -> None:
+    """A run of this task id ended FAILURE and marked the key with its run record (``strand``): a copy of
+    the same task id claims nothing after it (one ending per task id), and the refusal is recorded; a copy
+    that opens after it meets ``FailedBefore`` with the mark's reason; a second mark of the task id is not
+    made (its first FAILURE is the ending); another task id opens and claims."""
     store = fence_contract_store
     if lacking(store, RecoveryStore):
         pytest.skip("the store has no RecoveryStore role: nothing strands a key")
-    assert store.strand("k", RUN, "shop.ship[t-1] ended FAILURE (RuntimeError)") is True
-    handle = store.begin_commit("k", "copy", TTL, RUN)  # the key is free: the copy's body may run
-    with pytest.raises(StaleToken):
-        handle.complete("late")
+    reason = "shop.ship[t-1] ended FAILURE (RuntimeError)"
+    opened_before = None if _one_writer(store) else store.begin_commit("k", "copy", TTL, RUN)
+    assert store.strand("k", {**RUN, ENDED_BY: "first"}, reason) is True
+    if opened_before is not None:  # a copy that ran beside the failed run
+        with pytest.raises(StaleToken):
+            opened_before.complete("late")
+    with pytest.raises(FailedBefore) as info:  # a copy sent later: the FAILURE is its ending
+        store.begin_commit("k", "later", TTL, RUN)
+    assert (info.value.key, info.value.reason) == ("k", reason)
     with pytest.raises(StaleToken):
         store.claim("k", "copy", "late", RUN)
+    assert store.strand("k", {**RUN, ENDED_BY: "second"}, "again") is False
     state = store.get("k")
-    assert not state.done and state.dead
-    assert [(e.event, e.detail) for e in store.history("k")][1:] == [("refused", "commit")] * 2
+    assert (state.done, state.dead, state.run[ENDED_BY]) == (False, reason, "first")
+    refusals = 2 if opened_before is not None else 1
+    assert [(e.event, e.detail) for e in store.history("k")][1:] == [("refused", "commit")] * refusals
+    other = {**RUN, "id": "t-2"}
+    store.begin_commit("k", "other", TTL, other).complete("other's")
+    assert (store.get("k").done, store.get("k").owner) == (True, "other")
 
 
 def test_a_claim_on_a_done_key_is_refused_recorded_and_commits_nothing(fence_contract_store: Any) -> None:
