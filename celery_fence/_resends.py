@@ -107,8 +107,9 @@ class Resends:
             return Ending.raising(problem)
         token = state.token if state is not None else getattr(problem, "token", 0)
         countdown = self.policy.await_countdown
+        ended = "marked failed" if isinstance(problem, FailedBefore) else "finished"
         log.info(
-            "fence: %s finds %s ended, not delivered yet: looks again in %.1fs", self.name, self.key,
+            "fence: %s finds %s %s, not delivered yet: looks again in %.1fs", self.name, self.key, ended,
             countdown,
         )
         return self.send_again(countdown, {AWAITED: token})
