@@ -61,7 +61,9 @@ def app(store: Any, world: World) -> Iterator[Celery]:
                 conn.execute(text(f"INSERT INTO {EFFECTS} VALUES (:k)"), {"k": self.fence.key})
         return f"done {n}"
 
-    @app.task(base=FencedTask, bind=True, fence_key="r:{n}", name="exits.retrying", shared=False)
+    # A short ttl: its wait out of the outage comes back after one renew interval (1 s, not 10)
+    @app.task(base=FencedTask, bind=True, fence_key="r:{n}", name="exits.retrying", shared=False,
+              fence_lease_ttl=3.0)
     def retrying(self: Any, n: int) -> str:
         world.bodies.append(f"{n}:{self.request.retries}")
         if self.request.retries == 0:

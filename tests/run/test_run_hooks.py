@@ -14,7 +14,7 @@ import pytest
 from celery import Celery
 from celery.signals import before_task_publish, task_failure, task_postrun, task_success
 
-from celery_fence import FencedTask, LeaseHeld, StoreUnavailable
+from celery_fence import FencedTask, LeaseHeld, LeasePolicy, StoreUnavailable
 from celery_fence._runtime import Renewer, runtime_for
 from celery_fence.signals import lease_duplicate, lease_lost
 from celery_fence.testing import wait_for
@@ -22,6 +22,7 @@ from tests.support.harnesses import Harness
 from tests.support.inprocess import Gates, memory_app, running_worker
 
 TTL = 30.0
+SHORT_TTL = 3.0
 
 
 pytestmark = pytest.mark.stores("memory", "sqlite")
@@ -235,6 +236,7 @@ def test_on_busy_retry_looks_again_sooner_than_the_holders_ttl_without_spending_
         published.append(dict(headers or {}))
 
     before_task_publish.connect(on_publish, weak=False)
+    keyed.fence_lease_ttl = SHORT_TTL  # its looks come a renew interval apart: 1 s, not the holder's 30 s
     try:
         keyed.max_retries = 0
         b = keyed.delay(3, "B")
@@ -244,7 +246,7 @@ def test_on_busy_retry_looks_again_sooner_than_the_holders_ttl_without_spending_
             time.gmtime()
         )
         assert again["retries"] == 0 and again["fence_busy_since"] > 0
-        assert countdown <= runtime_for(app).config.policy.interval + 1  # not the holder's 30 s
+        assert countdown <= LeasePolicy(SHORT_TTL).interval + 1  # not the holder's 30 s
         store.complete(holder, "the winner's")  # the holder finishes: B ends with its result
         assert b.get(timeout=60) == "the winner's"
         runtime = runtime_for(app)
@@ -256,6 +258,7 @@ def test_on_busy_retry_looks_again_sooner_than_the_holders_ttl_without_spending_
     finally:
         before_task_publish.disconnect(on_publish)
         keyed.max_retries = 3
+        del keyed.fence_lease_ttl  # the class's again
     assert not any(tag.startswith(("B:", "C:")) for tag in gates.entered)  # no body ran
 
 
