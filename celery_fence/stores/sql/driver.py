@@ -140,18 +140,20 @@ def in_one_round_trip(
 
     psycopg would send a ``BEGIN`` of its own, in a round trip of its own, before the first statement of a
     connection out of autocommit; so the connection is in autocommit from our ``BEGIN`` to our ``COMMIT``
-    (the server is in the transaction block all the same), and the engine's ``checkin`` puts it back."""
+    (the server is in the transaction block all the same), and the engine's ``checkin`` puts it back.
+    The ``ClientCursor`` is made once per driver connection (kept in its pool record's ``info``), and the
+    rows are read by column position: a run's two statements cost no cursor and no column objects each."""
     dbapi: Any = conn.connection.driver_connection
     try:
-        cursor = conn.dialect.loaded_dbapi.ClientCursor(dbapi)
-        statement = cursor.mogrify(compiled[0], params)
+        cursor = _client_cursor(conn)
         if begin:
             dbapi.autocommit = True  # no transaction yet: no round trip
-            statement = f"BEGIN; {statement}"
-        cursor.execute(f"{statement}; COMMIT" if commit else statement)
-        if begin:
+            cursor.execute(f"BEGIN; {compiled[0]}", params)
             cursor.nextset()  # past BEGIN's result, to the statement's
-        rows, names = cursor.fetchall(), [column.name for column in cursor.description or ()]
+        else:
+            cursor.execute(f"{compiled[0]}; COMMIT" if commit else compiled[0], params)
+        rows, result = cursor.fetchall(), cursor.pgresult
+        names = [result.fname(i).decode() for i in range(result.nfields)] if result is not None else []
         if commit:
             dbapi.autocommit = False  # committed: no transaction, no round trip
     except Exception as exc:  # anything the driver raised
@@ -163,6 +165,19 @@ def in_one_round_trip(
             conn.invalidate(exc)
         raise driver_error(url, exc, lost) from exc
     return [SimpleNamespace(**dict(zip(names, row, strict=True))) for row in rows]  # as Row: by name
+
+
+def _client_cursor(conn: Connection) -> Any:
+    """The ``ClientCursor`` of ``conn``'s driver connection, made on its first use and kept with it."""
+    info = conn.connection.info
+    cursor = info.get(_CLIENT_CURSOR)
+    if cursor is None or cursor.closed:
+        driver_connection = conn.connection.driver_connection
+        cursor = info[_CLIENT_CURSOR] = conn.dialect.loaded_dbapi.ClientCursor(driver_connection)
+    return cursor
+
+
+_CLIENT_CURSOR = "celery_fence.client_cursor"
 
 
 # -- the hot statements, on a held connection --
