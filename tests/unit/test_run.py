@@ -6,6 +6,7 @@ that every pause went through the runtime's sleep (the fake clock), never real t
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -14,11 +15,12 @@ from typing import Any
 import pytest
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 
-from celery_fence import GaveUp, LeaseHeld, StaleToken, StoreUnavailable
+from celery_fence import FailedBefore, GaveUp, LeaseHeld, StaleToken, StoreUnavailable
 from celery_fence._delivery import Attempt, Ending, Kind
 from celery_fence._owed import Released
 from celery_fence._runtime import FenceRuntime, Renewer
 from celery_fence.fence import Fence
+from celery_fence.lease import ENDED_BY, LeaseState
 from celery_fence.run import Run
 from celery_fence.stores.memory import MemoryStore
 from celery_fence.testing import FakeClock, Fault, IndeterminateStore, Outcome
@@ -808,3 +810,119 @@ def test_an_unknown_completion_after_the_renewer_gave_up_the_lease_reads_for_a_t
     ending = world.run(Host(body))
     assert ending.kind is Kind.SEND_AGAIN
     assert len(reads) > 1 and reads[-1] - reads[0] <= TTL
+
+
+# -- fence_mode="commit" (docs/commit-mode.md): one ending per task id, the FAILURE's mark --
+
+
+def _mark(world: World, by: str, reason: str = "w[t-1] ended FAILURE (ValueError)") -> None:
+    """A run of task t-1 (owner ``by``) ended FAILURE and marked the key, as ``Run._marks`` does."""
+    assert world.memory.strand("k", {"id": "t-1", ENDED_BY: by}, reason) is True
+
+
+def _raises(error: BaseException) -> Callable[[Any], Any]:
+    def body(fence: Any) -> Any:
+        raise error
+
+    return body
+
+
+def test_a_failed_commit_mode_run_marks_its_key_with_its_owner_then_ends_failure() -> None:
+    world, error = World(fence_mode="commit"), ValueError("no")
+    ending = world.run(Host(_raises(error)))
+    assert ending.kind is Kind.RAISE and ending.error is error
+    state = world.memory.get("k")
+    assert state is not None and not state.done and state.expires_in is None
+    assert state.dead == "[t-1] ended FAILURE (ValueError)" and (state.run or {}).get("id") == "t-1"
+    assert (state.run or {}).get(ENDED_BY)  # its owner: a lost reply of the mark is read back as its own
+    assert [(e.event, e.detail) for e in world.memory.history("k")] == [("gave-up", state.dead)]
+
+
+def test_a_commit_mode_failure_whose_marks_reply_is_lost_reads_the_mark_as_its_own_and_fails() -> None:
+    world, error = World(fence_mode="commit"), ValueError("no")
+    world.store.faults = [Fault(Outcome.LOST, method="strand")]
+    ending = world.run(Host(_raises(error)))
+    assert ending.kind is Kind.RAISE and ending.error is error
+    assert (world.memory.get("k") or LeaseState("k", 0, None, None, False)).dead
+
+
+def test_a_copy_that_meets_its_task_ids_failure_mark_waits_a_ttl_then_ends_with_that_failure() -> None:
+    """The run that marked the key may still be storing its FAILURE: the copy looks again after a ttl
+    (``fence_awaited`` 0: the key never had a token), then ends FAILURE with ``FailedBefore`` naming the
+    mark's reason, and never runs the body."""
+    world = World(fence_mode="commit")
+    _mark(world, by="the-run-that-failed")
+    host = Host(lambda fence: "never", outcome="STARTED")
+    first = world.run(host)
+    assert first.kind is Kind.SEND_AGAIN and first.headers == {"fence_awaited": 0} and first.countdown == TTL
+    second = world.run(host, awaited_token=0)
+    assert second.kind is Kind.RAISE and isinstance(second.error, FailedBefore)
+    assert (second.error.key, second.error.token) == ("k", 0)
+    assert second.error.reason == "w[t-1] ended FAILURE (ValueError)"
+    assert host.told == [("duplicate", 0, {"reason": "failed"})] and host.reports == [("duplicate", "k")]
+    assert host.bodies == 0
+
+
+def test_a_copy_meeting_the_mark_on_a_key_it_cannot_read_waits_with_the_marks_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The mark pins the token the key had (an earlier lease's): the store's ``FailedBefore`` carries it, so
+    the copy's wait names it even when the read after it fails."""
+    world = World(fence_mode="commit")
+    world.memory.release(world.memory.acquire("k", "an-earlier-lease", TTL, {"id": "t-0"}))
+    _mark(world, by="the-run-that-failed")
+    world.store.faults = [Fault(Outcome.BEFORE, method="get", rate=1.0)]
+    host = Host(lambda fence: "never", outcome="STARTED")
+    with caplog.at_level(logging.INFO, logger="celery_fence"):
+        first = world.run(host)
+    assert first.kind is Kind.SEND_AGAIN and first.headers == {"fence_awaited": 1} and host.bodies == 0
+    assert "finds k marked failed, not delivered yet: looks again in 30.0s" in caplog.text
+
+
+def test_a_marked_failure_ends_failure_without_reading_the_key() -> None:
+    """Its own mark says the FAILURE is the task id's ending: no read, so a store whose reads fail cannot
+    turn it into a resend."""
+    world, error = World(fence_mode="commit"), ValueError("no")
+    world.store.faults = [Fault(Outcome.BEFORE, method="get", rate=1.0)]
+    ending = world.run(Host(_raises(error)))
+    assert ending.kind is Kind.RAISE and ending.error is error
+
+
+@pytest.mark.parametrize(("outcome", "kind"), [("FAILURE", Kind.IGNORE), (None, Kind.RAISE)])
+def test_a_copy_meeting_the_mark_ends_quietly_once_the_failure_is_stored_and_at_once_when_nothing_tells(
+    outcome: str | None, kind: Kind
+) -> None:
+    world = World(fence_mode="commit")
+    _mark(world, by="the-run-that-failed")
+    host = Host(lambda fence: "never", outcome=outcome)
+    ending = world.run(host)
+    assert ending.kind is kind and host.bodies == 0
+    if kind is Kind.RAISE:
+        assert isinstance(ending.error, FailedBefore)
+
+
+def test_a_second_copy_of_a_task_id_that_fails_after_anothers_mark_marks_nothing_and_ends_quietly() -> None:
+    """Two copies of t-1 ran at once and both failed: the first's mark is the task id's one FAILURE."""
+    world = World(fence_mode="commit")
+
+    def body(fence: Any) -> Any:
+        _mark(world, by="the-other-copy")  # the other copy failed first, while this one ran
+        raise ValueError("this copy fails too")
+
+    ending = world.run(Host(body))
+    assert ending.kind is Kind.IGNORE and ending.failure is None
+    state = world.memory.get("k")
+    assert state is not None and (state.run or {}).get(ENDED_BY) == "the-other-copy"
+    assert [e.event for e in world.memory.history("k")] == ["gave-up"]
+
+
+def test_a_copy_beside_a_failed_run_has_its_claim_refused_and_ends_quietly() -> None:
+    world = World(fence_mode="commit")
+
+    def body(fence: Any) -> Any:
+        _mark(world, by="the-other-copy")
+        return "late"
+
+    ending = world.run(Host(body))
+    assert ending.kind is Kind.IGNORE
+    assert [e.event for e in world.memory.history("k")] == ["gave-up", "refused"]
