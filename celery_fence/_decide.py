@@ -26,7 +26,6 @@ from .lease import ENDED_BY, LeaseState
 __all__ = ["ENDED_BY", "Action", "Event", "Facts", "View", "asks_backend", "decide", "holder_of", "view_of"]
 
 
-
 class Event(enum.Enum):
     ACQUIRED = "acquired"  # the store granted the lease
     FINISHED = "finished"  # acquire: the key is done (AlreadyDone)
