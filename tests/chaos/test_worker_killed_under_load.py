@@ -61,9 +61,7 @@ def test_a_whole_worker_killed_under_load(cluster: Cluster, request: pytest.Fixt
     items = [f"{uuid.uuid4().hex[:8]}-{n}" for n in range(RUNS * 5)]
     keys = [f"item:{item}" for item in items]
     sent = [record_keyed.apply_async((item,), {"pause": PAUSE}).id for _ in range(COPIES) for item in items]
-    wait_for(
-        _mid_load(cluster, a, len(items)), 120, "worker a in a run's body, a third of the keys done", 0.2
-    )
+    wait_for(_mid_load(cluster, a), 120, "worker a in a run's body, a key done", 0.05)
     os.killpg(os.getpgid(a.pid), signal.SIGKILL)  # main process and pool: nobody acks, releases or restores
     a.proc.wait(10)
     try:
@@ -83,13 +81,15 @@ def test_a_whole_worker_killed_under_load(cluster: Cluster, request: pytest.Fixt
     assert tally.runs == len(sent) and tally.lost <= len(keys)
 
 
-def _mid_load(cluster: Cluster, a: Worker, keys: int) -> Callable[[], bool]:
-    """A condition: a third of the keys have their effect, and one of a's pool processes is in a body."""
+def _mid_load(cluster: Cluster, a: Worker) -> Callable[[], bool]:
+    """A condition: the load is under way (a run wrote its effect) and one of a's pool processes is in a
+    body. The whole load takes about a second on an idle machine: a condition with a narrower window (it
+    was a third of the keys done) was missed between two polls on a loaded one, and never came again."""
     pool = set(a.children())
 
     def now() -> bool:
         wrote = {path.name.split(".")[0] for path in cluster.workdir.glob("*.wrote")}
-        if len(wrote) < keys // 3:
+        if not wrote:
             return False
         started = {p.name.split(".")[0]: int(p.name.split(".")[1]) for p in cluster.workdir.glob("*.started")}
         return any(pid in pool and task_id not in wrote for task_id, pid in started.items())
