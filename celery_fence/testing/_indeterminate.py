@@ -13,8 +13,9 @@ switched on by the environment variable ``CELERY_FENCE_STORE_FAULTS``: a JSON li
 of faults, e.g. ``[{"method": "complete", "nth": 1, "outcome": "lost"}]`` (the first completion of each
 pool process commits and loses its reply), or ``{"method": "commit", "rate": 0.1, "outcome": "lost"}``
 (every commit, with probability 0.1: a fault that keeps firing, for soaks; ``"per_key": true`` fires at most
-once per lease key). ``CELERY_FENCE_STORE_FAULTS_LOG`` names a file that gets one line per fault fired
-(``key method outcome``), so a soak can count the runs it faulted.
+once per lease key; ``"keys": [...]`` hits only those keys' calls, so a short test can give each key a fault
+it is sure to meet instead of a draw). ``CELERY_FENCE_STORE_FAULTS_LOG`` names a file that gets one line per
+fault fired (``key method outcome``), so a soak can count the runs it faulted.
 """
 
 from __future__ import annotations
@@ -63,13 +64,15 @@ class Outcome(str, enum.Enum):
 @dataclass
 class Fault:
     """Hit the ``nth`` call of ``method`` (any call if ``None``), counted from the wrapper's creation, once;
-    or, with ``rate``, each call of ``method`` with that probability, for ever."""
+    or, with ``rate``, each call of ``method`` with that probability, for ever. ``keys``: only calls on these
+    lease keys (every key if ``None``); ``per_key``: at most one fault (of any ``per_key`` fault) per key."""
 
     outcome: Outcome
     method: str | None = None
     nth: int = 1
     rate: float | None = None
     per_key: bool = False
+    keys: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.outcome)
@@ -77,6 +80,9 @@ class Fault:
             raise InvalidArgument(f"a fault's rate is a probability in (0, 1], got {self.rate!r}")
         if self.method is not None and self.method not in (*CALLS, "commit"):
             raise InvalidArgument(f"unknown store call {self.method!r}: one of {(*CALLS, 'commit')}")
+        keys = self.keys
+        if keys is not None and (isinstance(keys, str) or not all(isinstance(k, str) for k in keys)):
+            raise InvalidArgument(f"a fault's keys are a list of lease keys, got {self.keys!r}")
 
 
 def faults_from_env() -> list[Fault] | None:
@@ -135,6 +141,8 @@ class IndeterminateStore:
             count = self.calls.count(name)
             for fault in self.faults:
                 if fault.method not in (None, name) or (fault.per_key and key in self._faulted):
+                    continue
+                if fault.keys is not None and key not in fault.keys:
                     continue
                 if fault.rate is not None:
                     if self._random.random() >= fault.rate:

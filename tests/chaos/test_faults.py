@@ -7,7 +7,6 @@ Every case runs ``FENCE_SOAK_RUNS`` faulted runs (4 in CI, one batch; ``make soa
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sqlite3
@@ -23,6 +22,7 @@ from tests.integration.world import Cluster
 
 from .checks import RUNS, settle_and_check
 from .sending import AND_RABBITMQ, BATCH, assert_every_key_ran_twice, batches, every_store, send
+from .store_faults import plan_faults
 
 pytestmark = pytest.mark.chaos
 
@@ -203,20 +203,6 @@ def test_one_workers_clock_skewed_by_minutes(cluster: Cluster, request: pytest.F
     # over; the tokens still fence the holders out (settle_and_check found one effect per key, no violation)
 
 
-# Every store call a run makes, each failing before the store acts or acting with its reply lost; at most
-# one fault per key (each of a call's two outcomes fires with probability FAULT_RATE until one has fired for
-# that key). A soak spreads its faults over every call; the short form's few runs must each meet one, else
-# "most runs met a fault" fails by chance (at 0.15, one short run on Redis faulted 1 of its 4 runs).
-FAULT_RATE = 0.15 if RUNS >= 50 else 0.4
-INDETERMINATE = json.dumps(
-    [
-        {"method": method, "rate": FAULT_RATE, "outcome": outcome, "per_key": True}
-        for method in ("acquire", "steps", "save_step", "begin_run", "commit", "complete", "release", "get")
-        for outcome in ("before", "lost")
-    ]
-)
-
-
 @pytest.mark.parametrize("cluster", every_store(), indirect=True)
 def test_indeterminate_store_calls_leave_one_ledger_row_and_one_completion_per_key(
     cluster: Cluster, request: pytest.FixtureRequest
@@ -225,18 +211,17 @@ def test_indeterminate_store_calls_leave_one_ledger_row_and_one_completion_per_k
     ends with one ledger row committed (with the completion, on SQL) and one completion, every caller gets
     SUCCESS with its result, and ``verify`` is clean."""
     log = cluster.workdir / "faults.log"
-    env = {"CELERY_FENCE_STORE_FAULTS": INDETERMINATE, "CELERY_FENCE_STORE_FAULTS_LOG": str(log)}
-    cluster.worker("a", concurrency=BATCH, env=env)
+    calls = ("acquire", "steps", "save_step", "begin_run", "commit", "complete", "release", "get")
+    plan = plan_faults(calls, ("acquire", "save_step"), str(log))  # every store's run makes these two
+    cluster.worker("a", concurrency=BATCH, env=plan.env)
     keys: list[str] = []
-    for size in batches(RUNS):
-        ids = [str(uuid.uuid4()) for _ in range(size)]
+    for size in batches(len(plan.keys)):
+        ids = plan.keys[len(keys):len(keys) + size]
         results = [chaos_joined.apply_async((i,), task_id=i) for i in ids]
         assert [r.get(timeout=120)["item"] for r in results] == ids
         keys += ids
     tally = settle_and_check(cluster, request.node.callspec.id, "indeterminate outcomes", keys)
-    faulted = {line.split()[0] for line in log.read_text().splitlines()} & set(keys)
-    print(f"faulted runs: {len(faulted)} of {len(keys)}")
-    assert len(faulted) >= len(keys) // 2  # most runs met a fault
+    plan.assert_met({line.split()[0] for line in log.read_text().splitlines()} & set(keys))
     # Takeovers and refusals may still happen under load: a copy that finds its earlier attempt's lease
     # already lapsed takes it over, and a run whose starved renewer let the lease lapse can be recovered.
     assert tally.lost == 0
