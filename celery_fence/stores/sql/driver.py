@@ -24,10 +24,13 @@ and becomes the celery-fence error that ``errors`` says it is.
 
 from __future__ import annotations
 
+import re
 import select
 import threading
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -43,7 +46,7 @@ from .errors import driver_error, not_sent, read_only, safe_url
 from .queries import Queries, queries_for
 from .schema import migrate, schema_current
 
-__all__ = ["Connections", "compiled", "in_one_round_trip", "translate_errors"]
+__all__ = ["Connections", "OneTrip", "compiled", "in_one_round_trip", "translate_errors"]
 
 _HOT = ("acquire", "complete", "renew", "release")
 _BUSY_MS = "fence_busy_ms"  # key of a pool entry's ``info``: the busy timeout its connection has now
@@ -129,8 +132,35 @@ def translate_errors(url: str) -> Iterator[None]:
 # -- a run's transaction: its first statement sent with BEGIN, its last with COMMIT --
 
 
+@dataclass(frozen=True)
+class OneTrip:
+    """A statement a run's transaction sends with its ``BEGIN`` or its ``COMMIT``: its text for the driver
+    (``%(name)s`` parameters), and the same prepared on the server (``$n``, in ``names`` order)."""
+
+    text: str
+    prepared_text: str
+    names: tuple[str, ...]
+    tag: str  # its prepared statement's name on a connection, but for a generation suffix
+
+    @classmethod
+    def of(cls, name: str, clause: TextClause, dialect: Dialect) -> OneTrip:
+        text, _order = compiled(clause, dialect)
+        names: list[str] = []
+
+        def number(found: re.Match[str]) -> str:
+            if found.group(1) not in names:
+                names.append(found.group(1))
+            return f"${names.index(found.group(1)) + 1}"
+
+        prepared = re.sub(r"%\((\w+)\)s", number, text)
+        return cls(text, prepared, tuple(names), f"fence_{name}_{zlib.crc32(text.encode()):08x}")
+
+    def execute(self, prepared_name: str) -> str:
+        return f"EXECUTE {prepared_name}({', '.join(f'%({n})s' for n in self.names)})"
+
+
 def in_one_round_trip(
-    url: str, conn: Connection, compiled: tuple[str, tuple[str, ...] | None], params: Mapping[str, Any],
+    url: str, conn: Connection, statement: OneTrip, params: Mapping[str, Any],
     begin: bool = False, commit: bool = False,
 ) -> list[Any]:
     """The rows of one statement on ``conn``, sent in one round trip with the ``BEGIN`` before it (``begin``:
@@ -142,21 +172,36 @@ def in_one_round_trip(
     connection out of autocommit; so the connection is in autocommit from our ``BEGIN`` to our ``COMMIT``
     (the server is in the transaction block all the same), and the engine's ``checkin`` puts it back.
     The ``ClientCursor`` is made once per driver connection (kept in its pool record's ``info``), and the
-    rows are read by column position: a run's two statements cost no cursor and no column objects each."""
+    rows are read by column position: a run's two statements cost no cursor and no column objects each.
+
+    The statement is a server-side prepared statement (``EXECUTE``): a simple query is parsed and planned
+    each time, and for these statements that was most of the server's CPU per run (docs/performance.md).
+    It is prepared on a connection by the first query that sends it, in the same round trip; a
+    ``PREPARE`` outlives a failed transaction, so after a failure that may have come after it the next one
+    prepares under a new name. A driver connection whose ``prepare_threshold`` is ``None`` (psycopg's way
+    to turn prepared statements off, e.g. behind PgBouncer's transaction pooling) gets the plain text."""
     dbapi: Any = conn.connection.driver_connection
+    info = conn.connection.info
+    sql, preparing = _query(statement, dbapi, info)
     try:
         cursor = _client_cursor(conn)
         if begin:
             dbapi.autocommit = True  # no transaction yet: no round trip
-            cursor.execute(f"BEGIN; {compiled[0]}", params)
-            cursor.nextset()  # past BEGIN's result, to the statement's
-        else:
-            cursor.execute(f"{compiled[0]}; COMMIT" if commit else compiled[0], params)
+            sql = f"BEGIN; {sql}"
+        elif commit:
+            sql = f"{sql}; COMMIT"
+        cursor.execute(sql, params)
+        for _ in range(begin + (preparing is not None)):  # past BEGIN's and PREPARE's results
+            cursor.nextset()
         rows, result = cursor.fetchall(), cursor.pgresult
         names = [result.fname(i).decode() for i in range(result.nfields)] if result is not None else []
+        if preparing is not None:
+            info[_PREPARED][statement.tag] = preparing
         if commit:
             dbapi.autocommit = False  # committed: no transaction, no round trip
     except Exception as exc:  # anything the driver raised
+        if preparing is not None:  # its PREPARE may have run before the failure: the next takes a new name
+            info[_GENERATION] = info.get(_GENERATION, 0) + 1
         dialect = conn.dialect
         if not isinstance(exc, dialect.loaded_dbapi.Error):
             raise not_sent(url, exc) from exc
@@ -165,6 +210,18 @@ def in_one_round_trip(
             conn.invalidate(exc)
         raise driver_error(url, exc, lost) from exc
     return [SimpleNamespace(**dict(zip(names, row, strict=True))) for row in rows]  # as Row: by name
+
+
+def _query(statement: OneTrip, dbapi: Any, info: dict[Any, Any]) -> tuple[str, str | None]:
+    """The text that runs ``statement`` on this connection, and the name it prepares (``None``: it is
+    prepared already, or the connection takes no prepared statements)."""
+    if dbapi.prepare_threshold is None:
+        return statement.text, None
+    name = info.setdefault(_PREPARED, {}).get(statement.tag)
+    if name is not None:
+        return statement.execute(name), None
+    name = f"{statement.tag}_{info.get(_GENERATION, 0)}"
+    return f"PREPARE {name} AS {statement.prepared_text}; {statement.execute(name)}", name
 
 
 def _client_cursor(conn: Connection) -> Any:
@@ -177,7 +234,11 @@ def _client_cursor(conn: Connection) -> Any:
     return cursor
 
 
+# Keys of a pool entry's ``info``, which lives as long as its driver connection: its ClientCursor, the
+# statements prepared on it (tag: prepared name), and the generation of the names the next PREPAREs take.
 _CLIENT_CURSOR = "celery_fence.client_cursor"
+_PREPARED = "celery_fence.prepared"
+_GENERATION = "celery_fence.prepared_generation"
 
 
 # -- the hot statements, on a held connection --

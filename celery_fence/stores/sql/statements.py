@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Row
 from ... import codec
 from ...errors import AlreadyDone, FailedBefore, LeaseHeld, StaleToken
 from ...lease import Lease, LeaseState
-from .driver import Connections, compiled, in_one_round_trip, translate_errors
+from .driver import Connections, OneTrip, in_one_round_trip, translate_errors
 from .errors import Unchanged, safe_url
 
 __all__ = ["LeaseStatements", "lease_state", "renew_params"]
@@ -37,7 +37,7 @@ class LeaseStatements:
         # one round trip each; SQLite is in the process: a statement is a call.
         dialect = connections.engine.dialect
         self._one_trip = {
-            name: compiled(getattr(self.queries, name), dialect) for name in _FIRST_OR_LAST
+            name: OneTrip.of(name, getattr(self.queries, name), dialect) for name in _FIRST_OR_LAST
         } if connections.dialect == "postgresql" else None
 
     def first(self, conn: Connection, name: str, params: Mapping[str, Any], with_begin: bool = True) -> Any:
