@@ -178,11 +178,13 @@ def in_one_round_trip(
     each time, and for these statements that was most of the server's CPU per run (docs/performance.md).
     It is prepared on a connection by the first query that sends it, in the same round trip; a
     ``PREPARE`` outlives a failed transaction, so after a failure that may have come after it the next one
-    prepares under a new name. A driver connection whose ``prepare_threshold`` is ``None`` (psycopg's way
-    to turn prepared statements off, e.g. behind PgBouncer's transaction pooling) gets the plain text."""
+    prepares under a new name. psycopg prepares no statement of its own on these connections
+    (``_no_driver_prepared``): after a ``ROLLBACK`` (a savepoint's too) it would send ``DEALLOCATE ALL``,
+    taking ours with its own. A statement found missing all the same (the caller's ``DEALLOCATE ALL``)
+    fails that run's transaction, and the next one prepares again."""
     dbapi: Any = conn.connection.driver_connection
     info = conn.connection.info
-    sql, preparing = _query(statement, dbapi, info)
+    sql, preparing = _query(statement, info)
     try:
         cursor = _client_cursor(conn)
         if begin:
@@ -202,6 +204,8 @@ def in_one_round_trip(
     except Exception as exc:  # anything the driver raised
         if preparing is not None:  # its PREPARE may have run before the failure: the next takes a new name
             info[_GENERATION] = info.get(_GENERATION, 0) + 1
+        if getattr(exc, "sqlstate", None) == _NO_SUCH_PREPARED_STATEMENT:
+            info.pop(_PREPARED, None)
         dialect = conn.dialect
         if not isinstance(exc, dialect.loaded_dbapi.Error):
             raise not_sent(url, exc) from exc
@@ -212,11 +216,9 @@ def in_one_round_trip(
     return [SimpleNamespace(**dict(zip(names, row, strict=True))) for row in rows]  # as Row: by name
 
 
-def _query(statement: OneTrip, dbapi: Any, info: dict[Any, Any]) -> tuple[str, str | None]:
+def _query(statement: OneTrip, info: dict[Any, Any]) -> tuple[str, str | None]:
     """The text that runs ``statement`` on this connection, and the name it prepares (``None``: it is
-    prepared already, or the connection takes no prepared statements)."""
-    if dbapi.prepare_threshold is None:
-        return statement.text, None
+    prepared already)."""
     name = info.setdefault(_PREPARED, {}).get(statement.tag)
     if name is not None:
         return statement.execute(name), None
@@ -239,6 +241,7 @@ def _client_cursor(conn: Connection) -> Any:
 _CLIENT_CURSOR = "celery_fence.client_cursor"
 _PREPARED = "celery_fence.prepared"
 _GENERATION = "celery_fence.prepared_generation"
+_NO_SUCH_PREPARED_STATEMENT = "26000"  # invalid_sql_statement_name
 
 
 # -- the hot statements, on a held connection --
@@ -342,6 +345,7 @@ def _guarded_engine(url: str, limits: SessionLimits, autocommit: bool = False) -
     if engine.dialect.name != "sqlite":
         event.listen(engine, "checkout", _drop_if_ended)
         if not autocommit:
+            event.listen(engine, "connect", _no_driver_prepared)
             event.listen(engine, "checkin", _out_of_autocommit)
         event.listen(engine, "handle_error", _read_only_is_a_disconnect)
         return engine
@@ -368,6 +372,12 @@ def _drop_if_ended(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
         raise InvalidatePoolError("the server ended a pooled connection while it was idle")
     if _on_read_only_server(dbapi_conn):
         raise InvalidatePoolError("a pooled connection's server is read-only (a standby?)")
+
+
+def _no_driver_prepared(dbapi_conn: Any, _record: Any) -> None:
+    """The run transactions' connections: psycopg prepares none of its own statements on them, or a
+    ``ROLLBACK`` would make it send ``DEALLOCATE ALL`` and drop the store's too (``in_one_round_trip``)."""
+    dbapi_conn.prepare_threshold = None
 
 
 def _out_of_autocommit(dbapi_conn: Any, _record: Any) -> None:

@@ -5,12 +5,11 @@ planned each time, and that was most of the server's CPU of a fenced commit (doc
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 
-from celery_fence import StaleToken
+from celery_fence import StaleToken, StoreUnavailable
 from celery_fence.stores.sql import SQLStore
 from tests.support.harnesses import HARNESSES
 
@@ -30,8 +29,8 @@ def prepared(store: SQLStore) -> list[str]:
     """The celery-fence statements prepared on the store's one pooled connection (a session's own)."""
     assert store.engine.pool.checkedout() == 0
     with store.engine.connect() as conn:
-        rows = conn.exec_driver_sql("SELECT name FROM pg_prepared_statements WHERE starts_with(name, 'fence_')")
-        names = sorted(row[0] for row in rows)
+        query = "SELECT name FROM pg_prepared_statements WHERE starts_with(name, 'fence_')"
+        names = sorted(row[0] for row in conn.exec_driver_sql(query))
     assert store.engine.pool.size() >= store.engine.pool.checkedin() == 1  # the same connection every time
     return names
 
@@ -60,16 +59,56 @@ def test_a_transaction_that_failed_after_its_prepare_prepares_the_next_under_a_n
     assert pg.get("taken").result == "theirs"  # type: ignore[union-attr]
 
 
-def test_a_connection_that_takes_no_prepared_statements_gets_the_plain_text(pg: SQLStore) -> None:
-    """psycopg's ``prepare_threshold=None`` (e.g. behind PgBouncer's transaction pooling) is honoured."""
+def _write(store: SQLStore, key: str, fail_second_block: bool = False) -> None:
+    """A commit-mode run writing a row in one ``transaction()`` block, and with a second block that
+    raises (its savepoint rolled back) if asked, then claiming the key."""
+    tx = store.begin_commit(key, "w", TTL, {"id": key})
+    with tx.block() as conn:
+        conn.execute(text("INSERT INTO fence_test_rows (key) VALUES (:key)"), {"key": key})
+    if fail_second_block:
+        with pytest.raises(ZeroDivisionError), tx.block() as conn:
+            conn.execute(text("INSERT INTO fence_test_rows (key) VALUES (:key)"), {"key": key + "-undone"})
+            raise ZeroDivisionError
+    tx.complete("done")
 
-    def no_prepared_statements(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.prepare_threshold = None
 
-    event.listen(pg.engine, "connect", no_prepared_statements)
-    pg.engine.dispose()
-    commit(pg, "plain")
-    assert prepared(pg) == []
-    assert pg.get("plain").done  # type: ignore[union-attr]
+@pytest.fixture
+def rows(pg: SQLStore) -> Iterator[None]:
+    with pg.engine.begin() as conn:
+        conn.execute(text("CREATE TABLE fence_test_rows (key text)"))
+    yield
+    with pg.engine.begin() as conn:
+        conn.execute(text("DROP TABLE fence_test_rows"))
+
+
+def test_a_savepoint_rolled_back_keeps_the_prepared_statements(pg: SQLStore, rows: None) -> None:
+    """psycopg, holding prepared statements of its own (it prepares a statement run 5 times), answers a
+    ``ROLLBACK`` (a savepoint's too) with ``DEALLOCATE ALL``: the store's claim then met no prepared
+    statement and the run's work was lost (found by the simulation). The store's connections keep none."""
+    for n in range(8):  # the same INSERT, again and again on the one connection
+        _write(pg, f"k{n}")
+    _write(pg, "after-a-failed-block", fail_second_block=True)
+    _write(pg, "next")
+    assert all(pg.get(key).done for key in ("after-a-failed-block", "next"))  # type: ignore[union-attr]
     with pg.engine.connect() as conn:
-        assert conn.execute(text("SELECT done FROM fence_leases WHERE key = 'plain'")).scalar() is True
+        written = conn.execute(text("SELECT key FROM fence_test_rows ORDER BY key")).scalars().all()
+    assert written == sorted([*(f"k{n}" for n in range(8)), "after-a-failed-block", "next"])
+
+
+def test_statements_deallocated_by_the_caller_are_prepared_again_by_the_next_run(
+    pg: SQLStore, rows: None
+) -> None:
+    """The caller's ``DEALLOCATE ALL`` in a block: that run's claim finds no statement and nothing of the
+    run commits (an unknown outcome, as a lost connection is); the next run prepares them again."""
+    commit(pg, "first")
+    tx = pg.begin_commit("dropped", "w", TTL, {"id": "dropped"})
+    with tx.block() as conn:
+        conn.execute(text("INSERT INTO fence_test_rows (key) VALUES ('dropped')"))
+        conn.exec_driver_sql("DEALLOCATE ALL")
+    with pytest.raises(StoreUnavailable):
+        tx.complete("lost")
+    assert pg.get("dropped") is None
+    commit(pg, "again")
+    assert pg.get("again").done  # type: ignore[union-attr]
+    with pg.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM fence_test_rows")).scalar() == 0
