@@ -98,7 +98,7 @@ def _plan(args: argparse.Namespace) -> dict[str, Callable[[], dict[str, Any]]]:
         from . import fence_cost as m
 
         rounds, tasks = args.rounds or (1 if quick else 5), args.tasks or (300 if quick else 1200)
-        return m.run(rounds, tasks, 50 if quick else 200, _log, stores)
+        return m.run(rounds, tasks, 50 if quick else 200, _log, stores, args.rtt_ms)
 
     steps = (
         throughput,
@@ -129,6 +129,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--tasks", type=int, help="their tasks per batch (default 1200, quick 300)")
     parser.add_argument("--no-docs", action="store_true", help="leave docs/performance.md alone")
+    parser.add_argument(
+        "--rtt-ms", type=float, default=0.0,
+        help="fence_cost only: PostgreSQL this many ms away from the workers (benchmarks/network.py)",
+    )
     args = parser.parse_args(argv)
     args.only = [m.strip() for m in args.only.split(",") if m.strip()]
     args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]

@@ -56,22 +56,30 @@ def pg_backends(client_pids: set[int], pg_port: int = 5432) -> list[int]:
 class CpuMeter:
     """CPU seconds so far of a worker, the PostgreSQL backends serving it, and a private store server."""
 
-    def __init__(self, worker: object, server_pid: int | None = None) -> None:
-        self.worker, self.server_pid = worker, server_pid
+    def __init__(self, worker: object, server_pid: int | None = None, proxy_pid: int | None = None) -> None:
+        """``proxy_pid``: the workers reach PostgreSQL through this process (:mod:`benchmarks.network`)."""
+        self.worker, self.server_pid, self.proxy_pid = worker, server_pid, proxy_pid
 
     def read(self) -> dict[str, float]:
         pids = {self.worker.proc.pid, *self.worker.children()}  # type: ignore[attr-defined]
+        pg_clients = pids if self.proxy_pid is None else {self.proxy_pid}
         reading = {
             "worker": sum(proc_cpu(pid) for pid in pids),
-            "postgres": sum(proc_cpu(pid) for pid in pg_backends(pids)),
+            "postgres": sum(proc_cpu(pid) for pid in pg_backends(pg_clients)),
         }
         if self.server_pid is not None:
             reading["store_server"] = proc_cpu(self.server_pid)
+        if self.proxy_pid is not None:
+            reading[PROXY] = proc_cpu(self.proxy_pid)
         return reading
 
     @staticmethod
     def per_task(before: dict[str, float], after: dict[str, float], n: int) -> dict[str, float]:
-        """µs of CPU per task by process group, and their total."""
+        """µs of CPU per task by process group, and their total (the proxy's, a stand-in for a network,
+        left out of it)."""
         spent = {k: (after[k] - before[k]) / n * 1e6 for k in before}
-        spent["total"] = sum(spent.values())
+        spent["total"] = sum(v for k, v in spent.items() if k != PROXY)
         return spent
+
+
+PROXY = "network_proxy"  # a CPU group: the process standing in for a network (benchmarks.network)

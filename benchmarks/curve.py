@@ -147,7 +147,10 @@ def _rounds(app: Any, cells: list[Cell], rounds: int, n: int, log: Any) -> None:
     """Warm every cell up (connections, prepared statements: not recorded), then ``rounds`` rounds of one
     batch per cell, the order rotating each round (a private store server's CPU counts when the cell's
     ``ctx`` names its ``server_pid``)."""
-    meters = {id(cell.worker): CpuMeter(cell.worker, cell.ctx.get("server_pid")) for cell in cells}
+    meters = {
+        id(cell.worker): CpuMeter(cell.worker, cell.ctx.get("server_pid"), cell.ctx.get("proxy_pid"))
+        for cell in cells
+    }
     for cell in cells:
         batch(app, meters[id(cell.worker)], cell.ctx, cell.variant, max(50, n // 10))
     for r in range(rounds):

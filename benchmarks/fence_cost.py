@@ -21,6 +21,8 @@ For each store, two workers one after the other (``-c 2``, the bench app's setti
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,7 @@ from sqlalchemy import create_engine, text
 
 from . import roundtrips
 from .curve import Cell, _rounds
+from .network import DelayedPostgres, delayed_postgres
 from .services import PgSchema, drop_redis_keys, pg_schema
 from .stats import ratios, summary
 from .stores import STORES, LeaseStore, lease_store, opened
@@ -60,9 +63,14 @@ def variants_on(kind: str) -> list[Variant]:
     return [v for v in VARIANTS if kind in v.stores]
 
 
-def run(rounds: int, tasks: int, rt_tasks: int, log: Any, stores: tuple[str, ...] = STORES) -> dict[str, Any]:
+def run(
+    rounds: int, tasks: int, rt_tasks: int, log: Any, stores: tuple[str, ...] = STORES, rtt_ms: float = 0.0
+) -> dict[str, Any]:
+    """``rtt_ms``: the workers reach PostgreSQL (the store, the row's database, the hand-written fence's)
+    through a proxy adding that much to each round trip (:mod:`benchmarks.network`); PostgreSQL only."""
     from .bench_app import app
 
+    stores = ("postgresql",) if rtt_ms else stores
     out: dict[str, Any] = {
         "settings": {
             "rounds": rounds,
@@ -70,42 +78,59 @@ def run(rounds: int, tasks: int, rt_tasks: int, log: Any, stores: tuple[str, ...
             "round_trip_tasks": rt_tasks,
             "concurrency": 2,
             "labels": {v.task: v.label for v in VARIANTS},
+            "store_rtt_ms": rtt_ms,
         }
     }
     try:
-        with pg_schema("cost") as schema:
+        with pg_schema("cost") as schema, _network(rtt_ms) as network:
             _create_user_tables(schema)  # the hand-written fence's table
             for kind in stores:
                 with lease_store(kind, schema, private_redis=True) as lease:
-                    out[kind] = _one_store(app, kind, lease, schema, rounds, tasks, rt_tasks, log)
+                    out[kind] = _one_store(app, kind, lease, schema, rounds, tasks, rt_tasks, log, network)
     finally:
         drop_redis_keys(STAGE, LIVE, f"_kombu.binding.{STAGE}")
     return out
 
 
 def _one_store(
-    app: Any, kind: str, lease: LeaseStore, schema: PgSchema, rounds: int, tasks: int, rt_tasks: int, log: Any
+    app: Any, kind: str, lease: LeaseStore, schema: PgSchema, rounds: int, tasks: int, rt_tasks: int,
+    log: Any, network: DelayedPostgres | None = None,
 ) -> dict[str, Any]:
     from .bench_app import ROWS_DDL
 
     names = [v.task for v in variants_on(kind)]
-    rows = create_engine(rows_url(lease, schema))
+    rows = create_engine(rows_url(lease, schema))  # the benchmark's own connections go direct
+    # what the workers are pointed at: through the proxy, when there is one
+    far_lease, far_schema = (lease, schema)
+    if network is not None:
+        far_lease, far_schema = network.lease(lease), network.schema(schema)
     try:
         with rows.begin() as conn:
             conn.execute(text(ROWS_DDL))
-        env = {"FENCE_BENCH_PG_DSN": schema.dsn, "FENCE_BENCH_ROWS_URL": rows_url(lease, schema)}
-        counted = roundtrips.count_variants(app, kind, lease.url, env, names, rt_tasks, 40)
+        env = {"FENCE_BENCH_PG_DSN": far_schema.dsn, "FENCE_BENCH_ROWS_URL": rows_url(far_lease, far_schema)}
+        counted = roundtrips.count_variants(app, kind, far_lease.url, env, names, rt_tasks, 40)
         log(
             f"  {kind} round trips per task: " + ", ".join(f"{v} {r['per_task']}" for v, r in counted.items())
         )
-        with bench_worker(app, f"cost-{kind}", lease, schema) as worker, opened(lease.url) as store:
+        with bench_worker(app, f"cost-{kind}", far_lease, far_schema) as worker, opened(lease.url) as store:
             ctx = {"store": store, "schema": schema, "rows": rows, "server_pid": lease.server_pid}
+            if network is not None:
+                ctx["proxy_pid"] = network.pid
             cells = {v: Cell(f"{kind}/{v}", v, worker, ctx) for v in names}
             _rounds(app, list(cells.values()), rounds, int(tasks * SCALE.get(kind, 1.0)), log)
             figures = _figures(counted, cells)
     finally:
         rows.dispose()
     return figures
+
+
+@contextlib.contextmanager
+def _network(rtt_ms: float) -> Iterator[DelayedPostgres | None]:
+    if not rtt_ms:
+        yield None
+        return
+    with delayed_postgres(rtt_ms) as network:
+        yield network
 
 
 def _figures(counted: dict[str, dict[str, Any]], cells: dict[str, Cell]) -> dict[str, Any]:

@@ -69,8 +69,10 @@ def _report(directory: Path, kind: str, tasks: int, top: int, pattern: str) -> s
 def main(argv: list[str]) -> int:
     import tempfile
 
+    from sqlalchemy import create_engine, text
+
     from . import throughput
-    from .bench_app import app
+    from .bench_app import ROWS_DDL, app
     from .cpu import CpuMeter
     from .services import pg_schema
     from .stores import lease_store, opened
@@ -91,7 +93,10 @@ def main(argv: list[str]) -> int:
                 throughput.bench_worker(app, args.store, lease, schema) as worker,
                 opened(lease.url) as store,
             ):
-                ctx = {"store": store, "schema": schema, "peer_redis": lease.redis_url or ""}
+                rows = create_engine(throughput.rows_url(lease, schema))  # the row-writing variants' table
+                with rows.begin() as conn:
+                    conn.execute(text(ROWS_DDL))
+                ctx = {"store": store, "schema": schema, "peer_redis": lease.redis_url or "", "rows": rows}
                 meter = CpuMeter(worker, lease.server_pid)
                 throughput.batch(app, meter, ctx, args.variant, 200)
                 rate, _send, cpu, _ok, _n = throughput.batch(app, meter, ctx, args.variant, args.tasks)
