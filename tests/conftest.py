@@ -24,7 +24,7 @@ pytest_plugins = ["pytester", "tests.servers.fixtures", "tests.support.harness_m
 
 
 def _own_databases_per_xdist_worker() -> None:
-    """Under pytest-xdist (``make test`` runs two workers), each worker tests against Redis databases and a
+    """Under pytest-xdist (``make test`` runs three workers), each worker tests against Redis databases and a
     PostgreSQL database of its own: the integration tests' workers share their broker's databases (kombu
     restores unacknowledged messages per database), and the chaos tests kill every store connection of one.
     Worker ``gwN`` moves each Redis database number down by 3N and suffixes the PostgreSQL database."""

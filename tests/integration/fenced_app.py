@@ -238,7 +238,10 @@ def chaos_joined(self: Any, item: Any) -> dict[str, Any]:
 @app.task(bind=True)
 def after(self: Any, value: Any, label: str) -> Any:
     run = {"id": self.request.id, "pid": os.getpid(), "value": value}
-    (MARKS / f"ran.{label}.{uuid.uuid4().hex}").write_text(json.dumps(run))
+    name = f"ran.{label}.{uuid.uuid4().hex}"
+    written = MARKS / f".writing.{name}"  # then renamed: a test polling runs_of never reads half a file
+    written.write_text(json.dumps(run))
+    os.replace(written, MARKS / name)
     return value
 
 
