@@ -22,7 +22,6 @@ For each store, two workers one after the other (``-c 2``, the bench app's setti
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +81,8 @@ def run(
         }
     }
     try:
-        with pg_schema("cost") as schema, _network(rtt_ms) as network:
+        near = contextlib.nullcontext()
+        with pg_schema("cost") as schema, (delayed_postgres(rtt_ms) if rtt_ms else near) as network:
             _create_user_tables(schema)  # the hand-written fence's table
             for kind in stores:
                 with lease_store(kind, schema, private_redis=True) as lease:
@@ -122,15 +122,6 @@ def _one_store(
     finally:
         rows.dispose()
     return figures
-
-
-@contextlib.contextmanager
-def _network(rtt_ms: float) -> Iterator[DelayedPostgres | None]:
-    if not rtt_ms:
-        yield None
-        return
-    with delayed_postgres(rtt_ms) as network:
-        yield network
 
 
 def _figures(counted: dict[str, dict[str, Any]], cells: dict[str, Cell]) -> dict[str, Any]:

@@ -41,7 +41,6 @@ class DelayedPostgres:
 
     pid: int
     port: int
-    rtt_ms: float
 
     def url(self, url: str) -> str:
         return make_url(url).set(host="127.0.0.1", port=self.port).render_as_string(hide_password=False)
@@ -66,7 +65,7 @@ def delayed_postgres(rtt_ms: float) -> Iterator[DelayedPostgres]:
     )
     try:
         assert proc.stdout is not None
-        yield DelayedPostgres(proc.pid, int(proc.stdout.readline()), rtt_ms)
+        yield DelayedPostgres(proc.pid, int(proc.stdout.readline()))
     finally:
         if proc.stdin is not None:
             proc.stdin.close()

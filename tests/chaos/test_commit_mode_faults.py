@@ -90,16 +90,13 @@ def test_commit_mode_store_calls_of_unknown_outcome_commit_once(
     alone, a read) failing before the store acts or acting with its reply lost, at most once per key (as the
     lease mode's case in test_faults.py): every caller gets SUCCESS with its result, and each key has one
     effect row and one commit."""
-    log = cluster.workdir / "faults.log"
-    plan = plan_faults(("begin_commit", "commit", "claim", "get"), ("begin_commit", "commit"), str(log))
+    calls = ("begin_commit", "commit", "claim", "get")
+    plan = plan_faults(calls, ("begin_commit", "commit"), cluster.workdir / "faults.log")
     cluster.worker("a", concurrency=BATCH, app_path=APP, env=plan.env)
-    keys: list[str] = []
-    for size in batches(len(plan.keys)):
-        ids = plan.keys[len(keys):len(keys) + size]
+    for ids in plan.batches():
         results = [_send(cluster, i) for i in ids]
         assert [r.get(timeout=120)["item"] for r in results] == ids
-        keys += ids
-    tally = settle_and_check(cluster, request.node.callspec.id, "commit mode: indeterminate outcomes", keys,
-                             table=EFFECTS)
-    plan.assert_met({line.split()[0] for line in log.read_text().splitlines()} & set(keys))
+    tally = settle_and_check(cluster, request.node.callspec.id, "commit mode: indeterminate outcomes",
+                             plan.keys, table=EFFECTS)
+    plan.assert_met()
     assert tally.lost == 0

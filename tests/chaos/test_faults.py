@@ -210,18 +210,15 @@ def test_indeterminate_store_calls_leave_one_ledger_row_and_one_completion_per_k
     """Store calls that fail before acting or act and lose their reply, at every point of a run: each key
     ends with one ledger row committed (with the completion, on SQL) and one completion, every caller gets
     SUCCESS with its result, and ``verify`` is clean."""
-    log = cluster.workdir / "faults.log"
     calls = ("acquire", "steps", "save_step", "begin_run", "commit", "complete", "release", "get")
-    plan = plan_faults(calls, ("acquire", "save_step"), str(log))  # every store's run makes these two
+    every_run = ("acquire", "save_step")  # every store's run makes these two
+    plan = plan_faults(calls, every_run, cluster.workdir / "faults.log")
     cluster.worker("a", concurrency=BATCH, env=plan.env)
-    keys: list[str] = []
-    for size in batches(len(plan.keys)):
-        ids = plan.keys[len(keys):len(keys) + size]
+    for ids in plan.batches():
         results = [chaos_joined.apply_async((i,), task_id=i) for i in ids]
         assert [r.get(timeout=120)["item"] for r in results] == ids
-        keys += ids
-    tally = settle_and_check(cluster, request.node.callspec.id, "indeterminate outcomes", keys)
-    plan.assert_met({line.split()[0] for line in log.read_text().splitlines()} & set(keys))
+    tally = settle_and_check(cluster, request.node.callspec.id, "indeterminate outcomes", plan.keys)
+    plan.assert_met()
     # Takeovers and refusals may still happen under load: a copy that finds its earlier attempt's lease
     # already lapsed takes it over, and a run whose starved renewer let the lease lapse can be recovered.
     assert tally.lost == 0

@@ -198,7 +198,7 @@ def in_one_round_trip(
         rows, result = cursor.fetchall(), cursor.pgresult
         names = [result.fname(i).decode() for i in range(result.nfields)] if result is not None else []
         if preparing is not None:
-            info[_PREPARED][statement.tag] = preparing
+            info[_PREPARED][statement.tag] = preparing  # its EXECUTE, sent as is from now on
         if commit:
             dbapi.autocommit = False  # committed: no transaction, no round trip
     except Exception as exc:  # anything the driver raised
@@ -217,13 +217,14 @@ def in_one_round_trip(
 
 
 def _query(statement: OneTrip, info: dict[Any, Any]) -> tuple[str, str | None]:
-    """The text that runs ``statement`` on this connection, and the name it prepares (``None``: it is
-    prepared already)."""
-    name = info.setdefault(_PREPARED, {}).get(statement.tag)
-    if name is not None:
-        return statement.execute(name), None
+    """The text that runs ``statement`` on this connection, and, when it prepares the statement too, the
+    ``EXECUTE`` to keep for the next runs (``None``: it is prepared already)."""
+    execute = info.setdefault(_PREPARED, {}).get(statement.tag)
+    if execute is not None:
+        return execute, None
     name = f"{statement.tag}_{info.get(_GENERATION, 0)}"
-    return f"PREPARE {name} AS {statement.prepared_text}; {statement.execute(name)}", name
+    execute = statement.execute(name)
+    return f"PREPARE {name} AS {statement.prepared_text}; {execute}", execute
 
 
 def _client_cursor(conn: Connection) -> Any:
@@ -237,7 +238,7 @@ def _client_cursor(conn: Connection) -> Any:
 
 
 # Keys of a pool entry's ``info``, which lives as long as its driver connection: its ClientCursor, the
-# statements prepared on it (tag: prepared name), and the generation of the names the next PREPAREs take.
+# statements prepared on it (tag: its EXECUTE), and the generation of the names the next PREPAREs take.
 _CLIENT_CURSOR = "celery_fence.client_cursor"
 _PREPARED = "celery_fence.prepared"
 _GENERATION = "celery_fence.prepared_generation"
