@@ -15,6 +15,7 @@ import io
 import os
 import pstats
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -83,6 +84,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--match", default=r"celery_fence|benchmarks/|engine/base.py:(connect|close|execute)")
+    parser.add_argument("--keep", type=Path, help="copy the profiles to this directory (to compare variants)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fence-bench-prof-") as tmp, pg_schema("prof") as schema:
         throughput._create_user_tables(schema)
@@ -105,6 +107,8 @@ def main(argv: list[str]) -> int:
         print(f"{args.variant} on {args.store}: {rate:.0f} tasks/s under the profiler; CPU µs/task {cpu}")
         for kind in ("child", "main"):
             print(_report(Path(tmp), kind, args.tasks + 200, args.top, args.match))
+        if args.keep is not None:
+            shutil.copytree(tmp, args.keep, dirs_exist_ok=True)
     return 0
 
 

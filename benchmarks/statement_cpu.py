@@ -1,12 +1,13 @@
 """Where a fenced commit's server CPU goes: ``python -m benchmarks.statement_cpu [--runs N]``.
 
-In this process, on one psycopg connection (a ``ClientCursor``, as the store's run transaction uses), runs
-the statements of a commit-mode run as the store sends them (``BEGIN; <read>``, the task's ``INSERT``,
-``<claim>; COMMIT``) and, beside them, the same with one part taken out each (the read's ``set_config``, the
-claim's ``fence_unchanged()``, its advisory lock, its history row), the same as server-side prepared
-statements (``EXECUTE``), and an unfenced ``BEGIN``, ``INSERT``, ``COMMIT``. Variants alternate, 5 rounds of
-N runs each; prints the median CPU µs per run of the connection's PostgreSQL backend (from ``/proc``) and of
-this process. The parts taken out are for measuring only: the store never runs without them.
+In this process, on one psycopg connection (a ``ClientCursor``; the store sends the same text through
+libpq), runs the statements of a commit-mode run as the store sends them (``BEGIN; <read>``, the task's
+``INSERT``, ``<claim>; COMMIT``) and, beside them, the same with one part taken out each (the read's
+``set_config``, the claim's ``fence_unchanged()``, its advisory lock, its history row), the same as
+server-side prepared statements (``EXECUTE``), and an unfenced ``BEGIN``, ``INSERT``, ``COMMIT``. Variants
+alternate, 5 rounds of N runs each; prints the median CPU µs per run of the connection's PostgreSQL backend
+(from ``/proc``) and of this process. The parts taken out are for measuring only: the store never runs
+without them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import psycopg
 
-from celery_fence.stores.sql.driver import OneTrip
+from celery_fence.stores.sql.one_trip import OneTrip
 
 from .services import pg_schema
 from .stores import _migrated
@@ -87,7 +88,7 @@ def _prepared(cur: Any, *statements: OneTrip) -> list[str]:
     """Each statement prepared on ``cur``'s connection, as the store prepares it; the ``EXECUTE`` of it."""
     for statement in statements:
         cur.execute(f"PREPARE {statement.tag} AS {statement.prepared_text}")
-    return [statement.execute(statement.tag) for statement in statements]
+    return [f"EXECUTE {s.tag}({', '.join(f'%({n})s' for n in s.names)})" for s in statements]
 
 
 def main(argv: list[str]) -> int:

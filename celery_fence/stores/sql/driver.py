@@ -24,14 +24,10 @@ and becomes the celery-fence error that ``errors`` says it is.
 
 from __future__ import annotations
 
-import re
 import select
 import threading
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Connection, Engine, PoolProxiedConnection, TextClause, event
@@ -46,7 +42,7 @@ from .errors import driver_error, not_sent, read_only, safe_url
 from .queries import Queries, queries_for
 from .schema import migrate, schema_current
 
-__all__ = ["Connections", "OneTrip", "compiled", "in_one_round_trip", "translate_errors"]
+__all__ = ["Connections", "compiled", "translate_errors"]
 
 _HOT = ("acquire", "complete", "renew", "release")
 _BUSY_MS = "fence_busy_ms"  # key of a pool entry's ``info``: the busy timeout its connection has now
@@ -127,122 +123,6 @@ def translate_errors(url: str) -> Iterator[None]:
         raise not_sent(url, exc.orig if exc.orig is not None else exc) from exc
     except SQLAlchemyError as exc:
         raise StoreUnavailable(f"fence store {safe_url(url)} failed: {exc}") from exc
-
-
-# -- a run's transaction: its first statement sent with BEGIN, its last with COMMIT --
-
-
-@dataclass(frozen=True)
-class OneTrip:
-    """A statement a run's transaction sends with its ``BEGIN`` or its ``COMMIT``: its text for the driver
-    (``%(name)s`` parameters), and the same prepared on the server (``$n``, in ``names`` order)."""
-
-    text: str
-    prepared_text: str
-    names: tuple[str, ...]
-    tag: str  # its prepared statement's name on a connection, but for a generation suffix
-
-    @classmethod
-    def of(cls, name: str, clause: TextClause, dialect: Dialect) -> OneTrip:
-        text, _order = compiled(clause, dialect)
-        names: list[str] = []
-
-        def number(found: re.Match[str]) -> str:
-            if found.group(1) not in names:
-                names.append(found.group(1))
-            return f"${names.index(found.group(1)) + 1}"
-
-        prepared = re.sub(r"%\((\w+)\)s", number, text)
-        return cls(text, prepared, tuple(names), f"fence_{name}_{zlib.crc32(text.encode()):08x}")
-
-    def execute(self, prepared_name: str) -> str:
-        return f"EXECUTE {prepared_name}({', '.join(f'%({n})s' for n in self.names)})"
-
-
-def in_one_round_trip(
-    url: str, conn: Connection, statement: OneTrip, params: Mapping[str, Any],
-    begin: bool = False, commit: bool = False,
-) -> list[Any]:
-    """The rows of one statement on ``conn``, sent in one round trip with the ``BEGIN`` before it (``begin``:
-    the transaction's first statement) or the ``COMMIT`` behind it (``commit``): one simple-protocol query
-    of two statements, its parameters bound by the driver's ``ClientCursor``. A statement that fails makes
-    the server skip the ``COMMIT``: the caller then rolls back by closing ``conn``. PostgreSQL only.
-
-    psycopg would send a ``BEGIN`` of its own, in a round trip of its own, before the first statement of a
-    connection out of autocommit; so the connection is in autocommit from our ``BEGIN`` to our ``COMMIT``
-    (the server is in the transaction block all the same), and the engine's ``checkin`` puts it back.
-    The ``ClientCursor`` is made once per driver connection (kept in its pool record's ``info``), and the
-    rows are read by column position: a run's two statements cost no cursor and no column objects each.
-
-    The statement is a server-side prepared statement (``EXECUTE``): a simple query is parsed and planned
-    each time, and for these statements that was most of the server's CPU per run (docs/performance.md).
-    It is prepared on a connection by the first query that sends it, in the same round trip; a
-    ``PREPARE`` outlives a failed transaction, so after a failure that may have come after it the next one
-    prepares under a new name. psycopg prepares no statement of its own on these connections
-    (``_no_driver_prepared``): after a ``ROLLBACK`` (a savepoint's too) it would send ``DEALLOCATE ALL``,
-    taking ours with its own. A statement found missing all the same (the caller's ``DEALLOCATE ALL``)
-    fails that run's transaction, and the next one prepares again."""
-    dbapi: Any = conn.connection.driver_connection
-    info = conn.connection.info
-    sql, preparing = _query(statement, info)
-    try:
-        cursor = _client_cursor(conn)
-        if begin:
-            dbapi.autocommit = True  # no transaction yet: no round trip
-            sql = f"BEGIN; {sql}"
-        elif commit:
-            sql = f"{sql}; COMMIT"
-        cursor.execute(sql, params)
-        for _ in range(begin + (preparing is not None)):  # past BEGIN's and PREPARE's results
-            cursor.nextset()
-        rows, result = cursor.fetchall(), cursor.pgresult
-        names = [result.fname(i).decode() for i in range(result.nfields)] if result is not None else []
-        if preparing is not None:
-            info[_PREPARED][statement.tag] = preparing  # its EXECUTE, sent as is from now on
-        if commit:
-            dbapi.autocommit = False  # committed: no transaction, no round trip
-    except Exception as exc:  # anything the driver raised
-        if preparing is not None:  # its PREPARE may have run before the failure: the next takes a new name
-            info[_GENERATION] = info.get(_GENERATION, 0) + 1
-        if getattr(exc, "sqlstate", None) == _NO_SUCH_PREPARED_STATEMENT:
-            info.pop(_PREPARED, None)
-        dialect = conn.dialect
-        if not isinstance(exc, dialect.loaded_dbapi.Error):
-            raise not_sent(url, exc) from exc
-        lost = dialect.is_disconnect(exc, dbapi, None) or read_only(exc)
-        if lost:
-            conn.invalidate(exc)
-        raise driver_error(url, exc, lost) from exc
-    return [SimpleNamespace(**dict(zip(names, row, strict=True))) for row in rows]  # as Row: by name
-
-
-def _query(statement: OneTrip, info: dict[Any, Any]) -> tuple[str, str | None]:
-    """The text that runs ``statement`` on this connection, and, when it prepares the statement too, the
-    ``EXECUTE`` to keep for the next runs (``None``: it is prepared already)."""
-    execute = info.setdefault(_PREPARED, {}).get(statement.tag)
-    if execute is not None:
-        return execute, None
-    name = f"{statement.tag}_{info.get(_GENERATION, 0)}"
-    execute = statement.execute(name)
-    return f"PREPARE {name} AS {statement.prepared_text}; {execute}", execute
-
-
-def _client_cursor(conn: Connection) -> Any:
-    """The ``ClientCursor`` of ``conn``'s driver connection, made on its first use and kept with it."""
-    info = conn.connection.info
-    cursor = info.get(_CLIENT_CURSOR)
-    if cursor is None or cursor.closed:
-        driver_connection = conn.connection.driver_connection
-        cursor = info[_CLIENT_CURSOR] = conn.dialect.loaded_dbapi.ClientCursor(driver_connection)
-    return cursor
-
-
-# Keys of a pool entry's ``info``, which lives as long as its driver connection: its ClientCursor, the
-# statements prepared on it (tag: its EXECUTE), and the generation of the names the next PREPAREs take.
-_CLIENT_CURSOR = "celery_fence.client_cursor"
-_PREPARED = "celery_fence.prepared"
-_GENERATION = "celery_fence.prepared_generation"
-_NO_SUCH_PREPARED_STATEMENT = "26000"  # invalid_sql_statement_name
 
 
 # -- the hot statements, on a held connection --
@@ -347,7 +227,6 @@ def _guarded_engine(url: str, limits: SessionLimits, autocommit: bool = False) -
         event.listen(engine, "checkout", _drop_if_ended)
         if not autocommit:
             event.listen(engine, "connect", _no_driver_prepared)
-            event.listen(engine, "checkin", _out_of_autocommit)
         event.listen(engine, "handle_error", _read_only_is_a_disconnect)
         return engine
 
@@ -377,15 +256,8 @@ def _drop_if_ended(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
 
 def _no_driver_prepared(dbapi_conn: Any, _record: Any) -> None:
     """The run transactions' connections: psycopg prepares none of its own statements on them, or a
-    ``ROLLBACK`` would make it send ``DEALLOCATE ALL`` and drop the store's too (``in_one_round_trip``)."""
+    ``ROLLBACK`` would make it send ``DEALLOCATE ALL`` and drop the store's too (:mod:`.one_trip`)."""
     dbapi_conn.prepare_threshold = None
-
-
-def _out_of_autocommit(dbapi_conn: Any, _record: Any) -> None:
-    """A run's transaction that ended apart from its ``COMMIT`` (rolled back on its way back to the pool)
-    left its connection in autocommit (``in_one_round_trip``): the engine's connections are not."""
-    if dbapi_conn is not None and dbapi_conn.autocommit:
-        dbapi_conn.autocommit = False
 
 
 def _read_only_is_a_disconnect(context: Any) -> None:

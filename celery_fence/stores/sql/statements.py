@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sqlalchemy import Connection, Row
 
 from ... import codec
 from ...errors import AlreadyDone, FailedBefore, LeaseHeld, StaleToken
 from ...lease import Lease, LeaseState
-from .driver import Connections, OneTrip, in_one_round_trip, translate_errors
+from .driver import Connections, translate_errors
 from .errors import Unchanged, safe_url
+
+if TYPE_CHECKING:
+    from .one_trip import OneTrips
 
 __all__ = ["LeaseStatements", "lease_state", "renew_params"]
 
@@ -35,17 +38,18 @@ class LeaseStatements:
         self.max_value_bytes = max_value_bytes
         # PostgreSQL sends a transaction's first statement with its BEGIN, and its last with its COMMIT, in
         # one round trip each; SQLite is in the process: a statement is a call.
-        dialect = connections.engine.dialect
-        self._one_trip = {
-            name: OneTrip.of(name, getattr(self.queries, name), dialect) for name in _FIRST_OR_LAST
-        } if connections.dialect == "postgresql" else None
+        self._one_trip: OneTrips | None = None
+        if connections.dialect == "postgresql":
+            from .one_trip import OneTrips  # psycopg: the postgres extra
+
+            self._one_trip = OneTrips(self.url, self.queries, connections.engine.dialect, _FIRST_OR_LAST)
 
     def first(self, conn: Connection, name: str, params: Mapping[str, Any], with_begin: bool = True) -> Any:
         """The first row (or ``None``) of statement ``name``, the first of ``conn``'s transaction: sent with
         its ``BEGIN`` unless ``with_begin`` is false (a transaction someone else began: Django's)."""
         if self._one_trip is None or not with_begin:
             return conn.execute(getattr(self.queries, name), params).first()
-        rows = in_one_round_trip(self.url, conn, self._one_trip[name], params, begin=True)
+        rows = self._one_trip.send(conn, name, params, begin=True)
         return rows[0] if rows else None
 
     def last(self, conn: Connection, tx: Any, name: str, params: Mapping[str, Any]) -> Any:
@@ -57,7 +61,7 @@ class LeaseStatements:
                 raise Unchanged(f"the {name} of key {params['key']!r} changed no row")
             tx.commit()
             return row
-        rows = in_one_round_trip(self.url, conn, self._one_trip[name], params, commit=True)
+        rows = self._one_trip.send(conn, name, params, commit=True)
         tx.commit()  # SQLAlchemy's own bookkeeping: the driver has committed, so nothing is sent
         return rows[0]
 

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import text
 
-from celery_fence import StaleToken, StoreUnavailable
+from celery_fence import InvalidArgument, StaleToken, StoreUnavailable
 from celery_fence.stores.sql import SQLStore
+from celery_fence.stores.sql.one_trip import OneTrip, in_one_round_trip
 from tests.support.harnesses import HARNESSES
 
 TTL = 30.0
@@ -112,3 +113,33 @@ def test_statements_deallocated_by_the_caller_are_prepared_again_by_the_next_run
     assert pg.get("again").done  # type: ignore[union-attr]
     with pg.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM fence_test_rows")).scalar() == 0
+
+
+ECHO = text("SELECT CAST(:value AS text) AS value, CAST(:number AS bigint) AS number")
+AWKWARD_TEXT = ["it's", "back\\slash \\'", "ü € 𝄞", "", "'), (1); SELECT 1; --", "%(value)s $1 ?"]
+
+
+@pytest.mark.parametrize("value", [*AWKWARD_TEXT, None])
+def test_a_value_sent_with_begin_or_commit_reaches_the_server_as_it_was(
+    pg: SQLStore, value: str | None
+) -> None:
+    """The first and last statements are sent through libpq, each value quoted by it: whatever the text,
+    the prepared statement's parameter gets it unchanged."""
+    echo = OneTrip.of("echo", ECHO, pg.engine.dialect)
+    with pg.engine.connect() as conn:
+        for number in (-(2**63), 0, 2**63 - 1):
+            rows = in_one_round_trip(pg.url, conn, echo, {"value": value, "number": number}, begin=True)
+            assert [(row.value, row.number) for row in rows] == [(value, number)]
+            conn.rollback()
+
+
+def test_a_nul_in_a_value_is_refused_before_anything_is_sent(pg: SQLStore) -> None:
+    """PostgreSQL text holds no NUL: the value is refused by name, and the connection still works."""
+    echo = OneTrip.of("echo", ECHO, pg.engine.dialect)
+    with pg.engine.connect() as conn:
+        with pytest.raises(InvalidArgument, match="NUL"):
+            in_one_round_trip(pg.url, conn, echo, {"value": "a\x00b", "number": 1}, begin=True)
+        conn.rollback()
+        rows = in_one_round_trip(pg.url, conn, echo, {"value": "ok", "number": 1}, begin=True)
+        assert rows[0].value == "ok"
+        conn.rollback()
