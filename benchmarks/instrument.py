@@ -3,7 +3,9 @@
 
 - PostgreSQL: every psycopg ``Cursor.execute``/``executemany`` (one round trip each in autocommit), the
   ``BEGIN`` psycopg sends by itself before a statement outside autocommit (a round trip of its own, outside
-  pipeline mode), and every ``commit``/``rollback`` that actually has a transaction to end; SQLite: every
+  pipeline mode), every ``commit``/``rollback`` that actually has a transaction to end, and every query a
+  run's transaction sends straight to libpq with its ``BEGIN`` or its ``COMMIT``
+  (:mod:`celery_fence.stores.sql.one_trip`, no cursor: counted where it is sent); SQLite: every
   ``sqlite3`` cursor ``execute``/``executemany``, the ``BEGIN`` the driver opens by itself before a write
   outside autocommit, and every ``commit``/``rollback`` that ends a transaction (in-process: statements,
   not network round trips);
@@ -44,6 +46,8 @@ def _install_psycopg() -> None:
     import psycopg
     from psycopg.pq import TransactionStatus
 
+    from celery_fence.stores.sql import one_trip
+
     execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
     commit, rollback = psycopg.Connection.commit, psycopg.Connection.rollback
 
@@ -71,6 +75,12 @@ def _install_psycopg() -> None:
 
         return end
 
+    def counted_send(self: Any, query: bytes) -> Any:
+        _count(_kind(query.decode(errors="replace").split("(", 1)[0]))  # its arguments left out
+        return send(self, query)
+
+    send = one_trip._Wire.send
+    one_trip._Wire.send = counted_send  # type: ignore[method-assign]
     psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
     psycopg.Cursor.executemany = counted_executemany  # type: ignore[method-assign]
     psycopg.Connection.commit = ending(commit, "sql COMMIT")  # type: ignore[method-assign]

@@ -43,13 +43,29 @@ def _server_count(kind: str, url: str) -> float | None:
     return None
 
 
-def _send(app: Any, n: int, variant: str = "fenced") -> None:
+def _send(app: Any, n: int, variant: str, worker: Worker) -> None:
     task = app.tasks[f"bench.{variant}"]
     with app.producer_or_acquire() as producer:
         for i in range(n):
             task.apply_async((i, "rt"), queue=QUEUE, producer=producer)
     with redis_client() as client:
-        wait_for(lambda: client.llen(QUEUE) == 0 and client.hlen("unacked") == 0, 120, "round-trip batch")
+        try:
+            wait_for(lambda: _in_flight(client) == (0, 0), 120, "round-trip batch")
+        except AssertionError as exc:  # say what was left, and what the worker said, for the next diagnosis
+            queued, unacked = _in_flight(client)
+            others = client.hlen("unacked") - unacked
+            raise AssertionError(
+                f"{exc}: {variant}, {queued} queued, {unacked} unacked ({others} unacked of other queues); "
+                f"worker errors: {worker.errors()[-2000:] or 'none'}"
+            ) from exc
+
+
+def _in_flight(client: Any) -> tuple[int, int]:
+    """This benchmark's messages queued, and delivered but not acknowledged. kombu's ``unacked`` hash on the
+    broker's db is shared by every consumer of that db (a test run's workers too): only the entries routed
+    to this queue count."""
+    unacked = sum(json.loads(entry)[-1] == QUEUE for entry in client.hvals("unacked"))
+    return client.llen(QUEUE), unacked
 
 
 def count_variants(
@@ -62,7 +78,7 @@ def count_variants(
         env = {**env, "FENCE_BENCH_STORE": url, "FENCE_BENCH_COUNT_DIR": tmp, "FENCE_BENCH_BROKER": REDIS_URL}
         with Worker(f"rt-{kind}", env, QUEUE) as worker:
             for variant in variants:  # connections, schema check, script loads: the per-process setup
-                _send(app, warmup, variant)
+                _send(app, warmup, variant, worker)
             wait_for(lambda: _read_counts(Path(tmp))[0] >= warmup * len(variants), 30, "warm-up counts")
             warm = _read_counts(Path(tmp))
             for variant in variants:
@@ -81,7 +97,7 @@ def _one_variant(
         disturbed = worker.disturbances()
         warm_tasks, warm_total, warm_kinds = _read_counts(counts)
         server_before = _server_count(kind, url)
-        _send(app, tasks, variant)
+        _send(app, tasks, variant, worker)
         wait_for(lambda: _read_counts(counts)[0] >= warm_tasks + tasks, 30, "counts")  # noqa: B023
         done, total, kinds = _read_counts(counts)
         server_after = _server_count(kind, url)
