@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, text
 from celery_fence import StoreUnavailable
 
 from .services import pg_schema
-from .stats import percentile
+from .stats import percentile, rotated
 from .stores import lease_store, opened
 from .workers import retrying
 
@@ -83,7 +83,7 @@ def run(acquires: int, log: Any, sizes: tuple[int, ...] = SIZES, rounds: int = 5
             log(f"  {size:>9,} rows filled in {fill_s:.1f} s")
         latencies: dict[int, list[float]] = {size: [] for size in sizes}
         for r in range(rounds):
-            for size in sizes[r % len(sizes) :] + sizes[: r % len(sizes)]:
+            for size in rotated(sizes, r):
                 latencies[size] += _latencies(stores[size], acquires // rounds, 5)
     for size in sizes:
         lat = latencies[size]

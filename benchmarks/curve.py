@@ -32,7 +32,7 @@ import psycopg
 from .acquire_scaling import fill
 from .cpu import CpuMeter
 from .services import PgSchema, drop_redis_keys, pg_schema
-from .stats import ratios, summary
+from .stats import ratios, rotated, summary
 from .stores import lease_store, opened
 from .throughput import STAGE, batch, bench_worker, cpu_summary, undisturbed
 from .workers import Worker, retrying
@@ -154,7 +154,7 @@ def _rounds(app: Any, cells: list[Cell], rounds: int, n: int, log: Any) -> None:
     for cell in cells:
         batch(app, meters[id(cell.worker)], cell.ctx, cell.variant, max(50, n // 10))
     for r in range(rounds):
-        for cell in cells[r % len(cells) :] + cells[: r % len(cells)]:
+        for cell in rotated(cells, r):
             one = functools.partial(batch, app, meters[id(cell.worker)], cell.ctx, cell.variant, n)
             rate, _send_us, cpu, ok, sampled = undisturbed(cell.worker, log, one)
             cell.rates.append(rate)

@@ -19,7 +19,10 @@ import time
 import uuid
 from typing import Any
 
+from sqlalchemy import create_engine
+
 from .services import pg_schema
+from .stats import ratios, rotated
 from .stores import lease_store
 
 VARIANTS = ("plain_write", "fenced_tx", "fenced_commit", "handwritten_write")
@@ -35,37 +38,34 @@ def _round(task: Any, n: int) -> tuple[float, float]:
 
 def measure(store: str, tasks: int, rounds: int) -> dict[str, dict[str, float]]:
     with pg_schema("cpu") as schema, lease_store(store, schema) as lease:
-        os.environ.update(
-            FENCE_BENCH_STORE=lease.url,
-            FENCE_BENCH_PG_DSN=schema.dsn,
-            FENCE_BENCH_ROWS_URL=lease.url if store == "sqlite" else schema.url,
-        )
         from . import throughput
-        from .bench_app import ROWS_DDL, app
+
+        rows = throughput.rows_url(lease, schema)
+        os.environ.update(
+            FENCE_BENCH_STORE=lease.url, FENCE_BENCH_PG_DSN=schema.dsn, FENCE_BENCH_ROWS_URL=rows
+        )
+        from .bench_app import ROWS_DDL, app  # reads the env above
 
         throughput._create_user_tables(schema)
-        if store == "sqlite":
-            from sqlalchemy import create_engine
-
-            with create_engine(lease.url).begin() as conn:
-                conn.exec_driver_sql(ROWS_DDL)
+        with create_engine(rows).begin() as conn:  # the row's table where the variants write it
+            conn.exec_driver_sql(ROWS_DDL)
         names = [v for v in VARIANTS if store == "postgresql" or not v.startswith("handwritten")]
         tasks_of = {v: app.tasks[f"bench.{v}"] for v in names}
         for task in tasks_of.values():
             _round(task, max(10, tasks // 10))  # connections, the schema check, prepared statements
         spent: dict[str, list[tuple[float, float]]] = {v: [] for v in names}
         for r in range(rounds):
-            for v in names[r % len(names):] + names[: r % len(names)]:  # the order rotates
+            for v in rotated(names, r):
                 spent[v].append(_round(tasks_of[v], tasks))
-    out = {}
-    for v, figures in spent.items():
-        over = [cpu / base[0] for (cpu, _), base in zip(figures, spent["plain_write"], strict=True)]
-        out[v] = {
+    base = [cpu for cpu, _ in spent["plain_write"]]
+    return {
+        v: {
             "cpu_us": statistics.median(f[0] for f in figures),
             "wall_us": statistics.median(f[1] for f in figures),
-            "cpu_over_unfenced": statistics.median(over),
+            "cpu_over_unfenced": statistics.median(ratios([cpu for cpu, _ in figures], base)),
         }
-    return out
+        for v, figures in spent.items()
+    }
 
 
 def main(argv: list[str]) -> int:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def summary(values: Sequence[float], digits: int = 3) -> dict[str, Any]:
@@ -30,6 +32,12 @@ def percentile(values: Sequence[float], q: float) -> float:
 def ratios(top: Sequence[float], bottom: Sequence[float]) -> list[float]:
     """Per-round ratios ``top[i] / bottom[i]`` (both measured in the same round)."""
     return [t / b for t, b in zip(top, bottom, strict=True) if b]
+
+
+def rotated(items: Sequence[T], round_: int) -> list[T]:
+    """``items`` starting at ``round_`` (modulo their number): each round runs them in an order of its own."""
+    start = round_ % len(items)
+    return [*items[start:], *items[:start]]
 
 
 def span(s: dict[str, Any], fmt: str = "{:.3f}") -> str:

@@ -36,7 +36,7 @@ from sqlalchemy import bindparam, create_engine, text
 from . import handwritten, peers
 from .cpu import CpuMeter
 from .services import REDIS_URL, PgSchema, drop_redis_keys, pg_schema, redis_client
-from .stats import ratios, summary
+from .stats import ratios, rotated, summary
 from .stores import LeaseStore, lease_store, opened
 from .workers import Worker, retrying, wait_for
 
@@ -129,7 +129,7 @@ def _group(
         for variant in variants:  # warm-up: connections, prepared statements, scripts (not recorded)
             batch(app, meter, ctx, variant, max(50, n // 10))
         for r in range(rounds):
-            order = variants[r % len(variants) :] + variants[: r % len(variants)]
+            order = rotated(variants, r)
             for variant in order:
                 one = functools.partial(batch, app, meter, ctx, variant, n)
                 rate, send_us, cpu, ok, sampled = undisturbed(worker, log, one)

@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from .stats import percentile, summary
+from .stats import percentile, rotated, summary
 
 PROCESSES = (2, 4)
 TABLE_DDL = "CREATE TABLE fence_bench_cycles (key VARCHAR(64) NOT NULL)"
@@ -100,7 +100,7 @@ def run(urls: dict[str, str], rounds: int, seconds: float, log: Any) -> dict[str
     for n in PROCESSES:
         runs: dict[str, list[dict[str, Any]]] = {f"{k} {m}": [] for k, m in cells}
         for r in range(rounds):
-            for kind, mode in cells[r % len(cells) :] + cells[: r % len(cells)]:
+            for kind, mode in rotated(cells, r):
                 runs[f"{kind} {mode}"].append(measure(urls[kind], n, seconds, MODES[mode]))
             line = ", ".join(
                 f"{k} {m[-1]['cycles_per_s']:.0f}/s p99 {m[-1]['p99_ms']:.1f} ms max {m[-1]['max_ms']:.0f} ms"

@@ -144,7 +144,7 @@ class _Wire:
     def _literal(self, value: Any, encoding: str) -> bytes:
         kind = type(value)
         if kind is str and "\x00" not in value:  # psycopg refuses a NUL: let it say so, below
-            return bytes(self.escaping.escape_literal(value.encode(encoding)))
+            return self.escaping.escape_literal(value.encode(encoding))
         if kind is int:
             return str(value).encode()
         if value is None:
@@ -180,7 +180,7 @@ class _Wire:
 def _wire(dbapi: Any, info: dict[Any, Any]) -> _Wire:
     """``dbapi``'s wire, made on its first use and kept in its pool record's ``info``."""
     wire: _Wire | None = info.get(_WIRE)
-    if wire is None or wire.dbapi is not dbapi:
+    if wire is None:  # the pool clears ``info`` when it replaces the driver connection
         wire = info[_WIRE] = _Wire(dbapi)
     return wire
 

@@ -38,30 +38,30 @@ class LeaseStatements:
         self.max_value_bytes = max_value_bytes
         # PostgreSQL sends a transaction's first statement with its BEGIN, and its last with its COMMIT, in
         # one round trip each; SQLite is in the process: a statement is a call.
-        self._one_trip: OneTrips | None = None
+        self._one_trips: OneTrips | None = None
         if connections.dialect == "postgresql":
             from .one_trip import OneTrips  # psycopg: the postgres extra
 
-            self._one_trip = OneTrips(self.url, self.queries, connections.engine.dialect, _FIRST_OR_LAST)
+            self._one_trips = OneTrips(self.url, self.queries, connections.engine.dialect, _FIRST_OR_LAST)
 
     def first(self, conn: Connection, name: str, params: Mapping[str, Any], with_begin: bool = True) -> Any:
         """The first row (or ``None``) of statement ``name``, the first of ``conn``'s transaction: sent with
         its ``BEGIN`` unless ``with_begin`` is false (a transaction someone else began: Django's)."""
-        if self._one_trip is None or not with_begin:
+        if self._one_trips is None or not with_begin:
             return conn.execute(getattr(self.queries, name), params).first()
-        rows = self._one_trip.send(conn, name, params, begin=True)
+        rows = self._one_trips.send(conn, name, params, begin=True)
         return rows[0] if rows else None
 
     def last(self, conn: Connection, tx: Any, name: str, params: Mapping[str, Any]) -> Any:
         """The first row of statement ``name``, then the commit of ``tx`` (``conn``'s root transaction):
         ``Unchanged`` (nothing committed) when the statement changed no row."""
-        if self._one_trip is None:
+        if self._one_trips is None:
             row = conn.execute(getattr(self.queries, name), params).first()
             if row is None:
                 raise Unchanged(f"the {name} of key {params['key']!r} changed no row")
             tx.commit()
             return row
-        rows = self._one_trip.send(conn, name, params, commit=True)
+        rows = self._one_trips.send(conn, name, params, commit=True)
         tx.commit()  # SQLAlchemy's own bookkeeping: the driver has committed, so nothing is sent
         return rows[0]
 
