@@ -15,6 +15,7 @@ from . import settings, shop
 settings.make_dirs()
 app = Celery("example_app", broker=settings.BROKER_URL, backend=settings.RESULT_BACKEND)
 app.conf.update(
+    broker_transport=settings.BROKER_TRANSPORT,
     broker_transport_options=settings.broker_options(),
     fence_store_url=settings.STORE_URL,
     fence_lease_ttl=settings.LEASE_TTL,

@@ -64,12 +64,30 @@ class Workers:
                 "--fence-recover-interval",
                 "1",
             ]
-            self.procs.append(
-                subprocess.Popen(
-                    cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            with open(log.with_suffix(".err"), "wb") as stderr:  # what it says before its log is set up
+                self.procs.append(
+                    subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=stderr)
                 )
-            )
-        _wait(lambda: all(log.exists() and "ready." in log.read_text() for log in self.logs), 60, "workers")
+
+    def wait_until_ready(self) -> None:
+        _wait(self._ready, 60, "workers")
+
+    def _ready(self) -> bool:
+        for proc, log in zip(self.procs, self.logs, strict=True):
+            if proc.poll() is not None:
+                code = proc.returncode
+                raise SystemExit(f"demo: worker {log.stem} exited with code {code} before it was ready")
+        return all(log.exists() and "ready." in log.read_text() for log in self.logs)
+
+    def tails(self, lines: int = 15) -> str:
+        """The end of each worker's log, for a demo that stops before its summary."""
+        return "\n".join(
+            f"--- {path}, its last {lines} lines:\n"
+            + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+            for log in self.logs
+            for path in (log, log.with_suffix(".err"))
+            if path.exists() and path.stat().st_size
+        )
 
     def settle(self, quiet: float = 2.0, bound: float = 30.0) -> None:
         """Wait until the workers' logs have been quiet for ``quiet`` seconds (at most ``bound``)."""
@@ -146,6 +164,7 @@ def run(orders: int = 20) -> int:
     say(f"store {settings.STORE_URL}, broker {settings.BROKER_URL}, lease ttl {settings.LEASE_TTL}s")
     workers = Workers()
     try:
+        workers.wait_until_ready()
         say(f"2 workers ready (prefork, 2 processes each, --fence-recover); sending {orders} orders")
         half = orders // 2
         results = [process_order.apply_async((n,)) for n in range(1, half + 1)]
@@ -161,6 +180,8 @@ def run(orders: int = 20) -> int:
         faults["paused"] = pause_fault(store, engine)
         progress(store, orders)
         workers.settle()  # duplicates still in flight come back and are absorbed
+    except SystemExit as exc:  # a wait ran out: what the workers said is the first thing to read
+        raise SystemExit(f"{exc}\n{workers.tails()}") from None
     finally:
         workers.stop()
     return summarize(store, engine, orders, workers, faults)
@@ -199,15 +220,18 @@ def pause_fault(store: Any, engine: Any) -> int:
     return order
 
 
-def progress(store: Any, orders: int) -> None:
-    last = -1
+def progress(store: Any, orders: int, quiet_bound: float = 60.0) -> None:
+    """Report pipelines as they complete; give up when none has for ``quiet_bound`` seconds."""
+    last, since = -1, time.monotonic()
     while True:
         done = sum(1 for n in range(1, orders + 1) if (s := store.get(f"order:{n}")) and s.done)
         if done != last:
             say(f"{done}/{orders} pipelines complete")
-            last = done
+            last, since = done, time.monotonic()
         if done == orders:
             return
+        if time.monotonic() - since > quiet_bound:
+            raise SystemExit(f"demo: no pipeline completed in {quiet_bound:g}s ({done}/{orders} are)")
         time.sleep(0.2)
 
 

@@ -11,6 +11,8 @@ QUEUE_DIR, CONTROL_DIR, PROCESSED_DIR = STATE / "queue", STATE / "control", STAT
 
 STORE_URL = os.environ.get("FENCE_STORE_URL") or f"sqlite:///{STATE / 'fence.db'}"
 BROKER_URL = os.environ.get("CELERY_BROKER_URL") or "filesystem://"
+# kombu's filesystem transport with its file writes made atomic (example_app/broker.py says why)
+BROKER_TRANSPORT = "example_app.broker:Transport" if BROKER_URL.startswith("filesystem") else None
 RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or f"db+sqlite:///{STATE / 'results.db'}"
 LEASE_TTL = float(os.environ.get("FENCE_LEASE_TTL", "3"))
 STEP_PAUSE = float(os.environ.get("SHOP_STEP_PAUSE", "0.3"))  # time between steps: the faults' window
