@@ -80,7 +80,7 @@ class Workers:
         return all(log.exists() and "ready." in log.read_text() for log in self.logs)
 
     def tails(self, lines: int = 15) -> str:
-        """The end of each worker's log, for a demo that stops before its summary."""
+        """The end of each worker's log and stderr, for a demo that stops before its summary."""
         return "\n".join(
             f"--- {path}, its last {lines} lines:\n"
             + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
