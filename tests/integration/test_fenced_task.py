@@ -48,7 +48,8 @@ def test_paused_run_is_refused_after_a_takeover(cluster: Cluster) -> None:
     assert ("takeover", second["token"]) in cluster.events(task_id)
     assert ("refused", first_token) in cluster.events(task_id)
     assert result.state == "SUCCESS" and result.get(timeout=5) == second
-    assert "fence refused" in a.log_text()
+    # the refusal is in the store's history before the stale run logs it: poll the log, do not read it once
+    wait_for(lambda: "fence refused" in a.log_text(), what="worker a to log its refused write")
 
 
 @pytest.mark.parametrize(
